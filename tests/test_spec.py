@@ -1,0 +1,211 @@
+"""The cluster spec: the shipped files load, and every bad field is refused by name."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from training.spec import (
+    Efa,
+    Market,
+    Parallelism,
+    Role,
+    SpecError,
+    load_spec,
+    parse_spec,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD: dict[str, Any] = {
+    "name": "t",
+    "groups": [
+        {"name": "trainer", "role": "trainer", "instance_types": ["g5.xlarge"], "count": 2},
+        {"name": "dataprep", "role": "dataprep", "instance_types": ["c6i.4xlarge"], "count": 1},
+    ],
+    "job": {"batch_size": 8, "steps": 10},
+}
+
+
+def spec_with(**changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(GOOD)
+    doc.update(changes)
+    return doc
+
+
+def problems(doc: dict[str, Any]) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(doc)
+    return info.value.problems
+
+
+@pytest.mark.parametrize("path", ["cluster.toml", "specs/local-cpu.toml"])
+def test_shipped_specs_load(path: str) -> None:
+    spec = load_spec(REPO / path)
+    assert spec.trainer_group.role is Role.TRAINER
+    assert spec.dataprep_groups
+    assert spec.usd_per_hour() > 0
+
+
+def test_defaults_and_derived_values() -> None:
+    spec = parse_spec(GOOD)
+    tg = spec.trainer_group
+    assert tg.market is Market.SPOT and tg.efa is Efa.AUTO
+    assert tg.ranks_per_instance == 1  # g5.xlarge has one GPU
+    assert spec.world_size == 2
+    assert not tg.use_efa  # g5.xlarge has no EFA
+    assert spec.job.parallelism.strategy is Parallelism.DDP
+    assert spec.job.total_steps == 10
+
+
+def test_prices_explicit_beat_offline_table() -> None:
+    doc = spec_with(job={"prices": {"usd_per_hour": {"g5.xlarge": 0.5}}})
+    spec = parse_spec(doc)
+    assert spec.job.prices.hourly("g5.xlarge", Market.SPOT) == 0.5
+    # c6i.4xlarge: 0.68 On-Demand x 0.35 default Spot ratio.
+    assert spec.job.prices.hourly("c6i.4xlarge", Market.SPOT) == pytest.approx(0.238)
+    assert spec.usd_per_hour() == pytest.approx(2 * 0.5 + 0.238)
+
+
+def test_unknown_keys_list_the_valid_ones() -> None:
+    doc = spec_with(job={"batchsize": 8})
+    (msg,) = problems(doc)
+    assert msg.startswith("job.batchsize: unknown key (did you mean 'batch_size'?)")
+    assert "valid keys:" in msg and "grad_accum_steps" in msg
+
+
+def test_unknown_group_key() -> None:
+    doc = spec_with()
+    doc["groups"][0]["instance_type"] = "g5.xlarge"
+    (msg,) = problems(doc)
+    assert msg.startswith("groups[0].instance_type: unknown key (did you mean 'instance_types'?)")
+
+
+def test_cluster_without_trainer_is_refused() -> None:
+    doc = spec_with(groups=[GOOD["groups"][1]])
+    assert problems(doc) == [
+        "groups: no group has role 'trainer'; add one (GPU instances that train)"
+    ]
+
+
+def test_count_zero_is_refused() -> None:
+    doc = spec_with()
+    doc["groups"][1]["count"] = 0
+    (msg,) = problems(doc)
+    assert msg == "groups[1].count: must be at least 1, got 0"
+
+
+def test_unknown_role_names_the_valid_ones() -> None:
+    doc = spec_with()
+    doc["groups"][1]["role"] = "preprocess"
+    (msg,) = problems(doc)
+    assert msg == "groups[1].role: 'preprocess' is not valid; use one of 'trainer', 'dataprep'"
+
+
+def test_burstable_type_is_refused_in_placement_group() -> None:
+    doc = spec_with()
+    doc["groups"][1]["instance_types"] = ["c6i.4xlarge", "t3.large"]
+    (msg,) = problems(doc)
+    assert msg.startswith("groups[1].instance_types[1]: 't3.large' is burstable")
+    assert "cluster placement group" in msg
+
+
+def test_efa_on_for_type_without_efa() -> None:
+    doc = spec_with()
+    doc["groups"][0]["efa"] = "on"
+    (msg,) = problems(doc)
+    assert msg.startswith("groups[0].efa: 'on' but g5.xlarge has no EFA")
+
+
+def test_efa_auto_uses_network_cards() -> None:
+    doc = spec_with()
+    doc["groups"][0]["instance_types"] = ["p4d.24xlarge"]
+    spec = parse_spec(doc)
+    assert spec.trainer_group.use_efa
+    assert spec.trainer_group.efa_network_cards == 4
+    assert spec.trainer_group.ranks_per_instance == 8
+
+
+def test_trainer_types_need_gpus_and_equal_gpu_counts() -> None:
+    doc = spec_with()
+    doc["groups"][0]["instance_types"] = ["c6i.4xlarge"]
+    assert "has no GPU" in problems(doc)[0]
+    doc["groups"][0]["instance_types"] = ["g5.xlarge", "g5.12xlarge"]
+    assert "same number of GPUs" in problems(doc)[0]
+
+
+def test_unknown_instance_type_suggests_close_names() -> None:
+    doc = spec_with()
+    doc["groups"][0]["instance_types"] = ["g5.xlarg"]
+    (msg,) = problems(doc)
+    assert "unknown instance type 'g5.xlarg'" in msg and "g5.xlarge" in msg
+
+
+def test_hsdp_degrees_must_multiply_to_world_size() -> None:
+    doc = spec_with(job={"parallelism": {"strategy": "hsdp", "shard_degree": 3}})
+    (msg,) = problems(doc)
+    assert msg.startswith("job.parallelism: shard_degree (3) x replicate_degree")
+    assert "make the product 2" in msg
+    ok = spec_with(job={"parallelism": {"strategy": "hsdp", "shard_degree": 1}})
+    assert parse_spec(ok).job.parallelism.shard_degree == 1
+
+
+def test_degrees_only_for_hsdp() -> None:
+    doc = spec_with(job={"parallelism": {"strategy": "ddp", "shard_degree": 2}})
+    assert problems(doc) == [
+        "job.parallelism.shard_degree: only applies to strategy 'hsdp' (strategy is ddp)"
+    ]
+
+
+def test_wrong_types_and_many_problems_reported_together() -> None:
+    doc = spec_with(job={"batch_size": "64", "lr": -1, "dataset": {"source": "s3"}})
+    doc["groups"][0]["market"] = "reserved"
+    found = problems(doc)
+    assert "groups[0].market: 'reserved' is not valid; use one of 'spot', 'on-demand'" in found
+    assert "job.batch_size: expected int, got str '64'" in found
+    assert "job.lr: must be positive, got -1.0" in found
+    assert "job.dataset.path: source 's3' needs path = 's3://bucket/prefix/'" in found
+
+
+def test_group_names_unique_and_single_trainer_group() -> None:
+    doc = spec_with()
+    doc["groups"].append(copy.deepcopy(doc["groups"][0]))
+    found = problems(doc)
+    assert "groups: group name 'trainer' is used twice; names must be unique" in found
+    assert any("2 trainer groups" in p for p in found)
+
+
+def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(bad)
+
+
+def test_cli_check_reports_problems(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[groups]]\nname = "d"\nrole = "dataprep"\ninstance_types=["c6i.4xlarge"]\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "training.cli", "spec", "check", "--spec", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert out.returncode == 2
+    assert "groups[0].count: missing" in out.stderr
+    assert "no group has role 'trainer'" in out.stderr
+    good = subprocess.run(
+        [sys.executable, "-m", "training.cli", "spec", "check", "--spec", "cluster.toml"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert good.returncode == 0, good.stderr
+    assert "dataprep" in good.stdout and "USD/h" in good.stdout

@@ -1,0 +1,52 @@
+"""The ``hetero`` console command: one entry point, one subcommand per concern.
+
+Subcommands are imported lazily so ``hetero spec check`` starts without loading torch.
+Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help). Modules expose add_arguments(parser) and run(args) -> int.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "spec": ("training.spec_cli", "validate a cluster spec and show what it describes"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Build only the chosen subcommand's parser: importing every module would load torch.
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in args_list if a in SUBCOMMANDS), None)
+    parser = build_parser(chosen)
+    args = parser.parse_args(args_list)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    module = importlib.import_module(args._module)
+    return int(module.run(args) or 0)
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetero",
+        description="Heterogeneous Spot training of Vision Transformers on AWS, as code.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        # Only the chosen subcommand's module is imported (the others may load torch).
+        if name == chosen:
+            importlib.import_module(module_name).add_arguments(p)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

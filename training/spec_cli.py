@@ -1,0 +1,48 @@
+"""``hetero spec check``: validate a cluster spec and print what it describes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from training.spec import SpecError, load_spec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["check"], help="check: validate and summarise")
+    parser.add_argument("--spec", default="cluster.toml", help="cluster spec (TOML)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    table = Table(title=f"{spec.name} ({spec.source})")
+    for col in ("group", "role", "instance types", "count", "market", "EFA", "ranks", "USD/h"):
+        table.add_column(col)
+    for g in spec.groups:
+        usd = g.count * spec.job.prices.hourly(g.instance_types[0], g.market)
+        table.add_row(
+            g.name,
+            g.role.value,
+            ", ".join(g.instance_types),
+            str(g.count),
+            g.market.value,
+            f"{g.efa.value} ({'yes' if g.use_efa else 'no'})",
+            str(g.ranks_per_instance * g.count) if g.role.value == "trainer" else "-",
+            f"{usd:.2f}",
+        )
+    console = Console()
+    console.print(table)
+    job = spec.job
+    console.print(
+        f"model {job.model.name}, batch {job.batch_size}/rank x {spec.world_size} ranks, "
+        f"{job.parallelism.strategy.value}, dataset {job.dataset.source.value}, "
+        f"augmentation {job.augmentation.value}; cluster {spec.usd_per_hour():.2f} USD/h"
+    )
+    return 0
