@@ -1,0 +1,196 @@
+"""The trainer's configuration: typed, built once from the cluster spec and the command line.
+
+``TrainerConfig.from_spec`` is the only place that reads the spec for the trainer; everything
+downstream takes the dataclasses here. Problems are raised together as one ``ConfigError`` whose
+lines name the spec field or flag to change.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.spec import ClusterSpec, Parallelism, Precision
+
+
+class ConfigError(ValueError):
+    """The trainer cannot run with this spec and these flags; each line names what to change."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"trainer configuration is invalid:\n{lines}")
+
+
+class InputKind(enum.StrEnum):
+    """Where batches come from."""
+
+    DATAPLANE = "dataplane"
+    """gRPC data servers (``--data-servers``): augmentation runs on other instances."""
+    LOCAL = "local"
+    """``training.data.local_loader``: same dataset and recipe, augmented on this host."""
+    SYNTHETIC = "synthetic"
+    """In-memory uint8 batches with no augmentation: tests and loop-overhead benchmarks."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    """timm model name, or one of ``training.trainer.model.PRESETS``."""
+    overrides: Mapping[str, Any]
+    """Keyword arguments for ``timm.create_model`` (``job.model.overrides``)."""
+    image_size: int
+    """Side of the square input (``job.dataset.image_size``)."""
+    num_classes: int
+    """Classifier width (``job.dataset.num_classes``)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float
+    """Peak AdamW learning rate."""
+    weight_decay: float
+    warmup_steps: int
+    """Linear warmup from 0 to ``lr``; constant afterwards."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    strategy: Parallelism
+    """``ddp``, ``fsdp`` (FSDP2 over all ranks) or ``hsdp`` (shard in a node, replicate across)."""
+    shard_degree: int | None
+    """HSDP: ranks per shard group (default: ranks per node, torchrun's LOCAL_WORLD_SIZE)."""
+    replicate_degree: int | None
+    """HSDP: replica count (default: world size / shard degree)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: Path
+    """Where ``step-N/`` folders go (a local or shared filesystem path)."""
+    interval_steps: int
+    """Save every N optimizer steps; also on SIGTERM and at the end of the run."""
+    keep: int
+    """Complete checkpoints kept; older ones are deleted after a new one completes."""
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    kind: InputKind
+    data_servers: tuple[str, ...] = ()
+    """``host:port`` of every data server (``dataplane`` only)."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Everything one trainer run needs; validated at construction by ``from_spec``."""
+
+    spec: ClusterSpec
+    """Kept for prices (samples per dollar) and for the data modules, which take the job."""
+    run_dir: Path
+    """Metrics (``metrics.jsonl``, ``metrics.png``, ``summary.json``) go here."""
+    model: ModelConfig
+    optim: OptimConfig
+    parallel: ParallelConfig
+    checkpoint: CheckpointConfig
+    input: InputConfig
+    batch_size: int
+    """Per rank, per micro-step (``job.batch_size``)."""
+    grad_accum_steps: int
+    total_steps: int | None
+    """Optimizer steps to run; None: run ``epochs`` epochs."""
+    epochs: int | None
+    max_seconds: float | None
+    """Stop (with a checkpoint) after this much training time."""
+    bf16: bool
+    """bf16 autocast; only ever applied on CUDA (CPU runs stay fp32)."""
+    compile: bool
+    seed: int
+    log_every_steps: int
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: ClusterSpec,
+        *,
+        run_dir: str | Path,
+        data_servers: Sequence[str] = (),
+        steps: int | None = None,
+        max_seconds: float | None = None,
+        checkpoint_dir: str | Path | None = None,
+        synthetic: bool = False,
+    ) -> TrainerConfig:
+        """Build and validate the trainer's view of ``spec``; flags win over spec fields."""
+        job = spec.job
+        problems: list[str] = []
+        if steps is not None and steps < 1:
+            problems.append(f"--steps must be at least 1, got {steps}")
+        if max_seconds is not None and max_seconds <= 0:
+            problems.append(f"--max-seconds must be positive, got {max_seconds}")
+        servers = tuple(s.strip() for s in data_servers if s.strip())
+        for s in servers:
+            host, _, port = s.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                problems.append(f"--data-servers: {s!r} is not host:port (e.g. 127.0.0.1:50061)")
+        if synthetic and servers:
+            problems.append("--synthetic-data and --data-servers exclude each other; pick one")
+        ckpt = str(checkpoint_dir) if checkpoint_dir is not None else job.checkpoint.dir
+        if ckpt.startswith("s3://"):
+            problems.append(
+                f"job.checkpoint.dir = {ckpt!r}: the trainer writes to a filesystem path; mount "
+                "or sync the bucket (the launcher does this on AWS) and pass that path"
+            )
+        overrides = dict(job.model.overrides)
+        for key, ds_key in (("img_size", "image_size"), ("num_classes", "num_classes")):
+            value = overrides.get(key)
+            expected = getattr(job.dataset, ds_key)
+            if value is not None and value != expected:
+                problems.append(
+                    f"job.model.overrides.{key} = {value} but job.dataset.{ds_key} = {expected}; "
+                    f"make them equal (or drop the override: it defaults to the dataset's)"
+                )
+        total = steps if steps is not None else job.total_steps
+        if problems:
+            raise ConfigError(problems)
+        if synthetic:
+            kind = InputKind.SYNTHETIC
+        elif servers:
+            kind = InputKind.DATAPLANE
+        else:
+            kind = InputKind.LOCAL
+        return cls(
+            spec=spec,
+            run_dir=Path(run_dir),
+            model=ModelConfig(
+                name=job.model.name,
+                overrides=overrides,
+                image_size=job.dataset.image_size,
+                num_classes=job.dataset.num_classes,
+            ),
+            optim=OptimConfig(
+                lr=job.lr, weight_decay=job.weight_decay, warmup_steps=job.warmup_steps
+            ),
+            parallel=ParallelConfig(
+                strategy=job.parallelism.strategy,
+                shard_degree=job.parallelism.shard_degree,
+                replicate_degree=job.parallelism.replicate_degree,
+            ),
+            checkpoint=CheckpointConfig(
+                dir=Path(ckpt),
+                interval_steps=job.checkpoint.interval_steps,
+                keep=job.checkpoint.keep,
+            ),
+            input=InputConfig(kind=kind, data_servers=servers),
+            batch_size=job.batch_size,
+            grad_accum_steps=job.grad_accum_steps,
+            total_steps=total,
+            epochs=None if steps is not None else job.epochs,
+            max_seconds=max_seconds,
+            bf16=job.precision is Precision.BF16,
+            compile=job.compile,
+            seed=job.seed,
+            log_every_steps=job.log_every_steps,
+        )

@@ -1,0 +1,200 @@
+"""Where the trainer's batches come from: the data plane, a local DataLoader, or memory.
+
+Each input is a ``BatchStream``: ``next()`` returns this rank's next ``Batch``, crossing epoch
+boundaries, and raises ``EndOfData`` after the last epoch; ``state_dict()`` is the position
+saved in checkpoints. Every rank of a step sees the same number of batches per epoch (the
+epoch is cut to what divides evenly), so no rank waits in a collective the others skipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+
+from training.data import Batch, epoch_order
+from training.spec import JobSpec
+from training.trainer.config import InputKind, TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+class EndOfData(Exception):
+    """The configured number of epochs is done."""
+
+
+class BatchStream(Protocol):
+    epoch: int
+
+    def next(self) -> Batch: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self, *, job_done: bool) -> None: ...
+
+
+def rank_positions(
+    epoch_len: int, rank: int, world_size: int, batch_size: int
+) -> tuple[int, range]:
+    """Batches per epoch for every rank, and ``rank``'s epoch positions (``rank, rank+world,
+    ...``: the layout ``training.data.local_loader`` uses), cut so all ranks get the same
+    number of full batches."""
+    per_rank = (epoch_len // world_size) // batch_size
+    if per_rank < 1:
+        raise ValueError(
+            f"an epoch of {epoch_len} samples gives no full batch of {batch_size} to each of "
+            f"{world_size} ranks; raise job.dataset.num_samples or lower job.batch_size"
+        )
+    stop = rank + world_size * per_rank * batch_size
+    return per_rank, range(rank, stop, world_size)
+
+
+class SyntheticBatches:
+    """Deterministic uint8 batches made in memory: sample ``i`` of the dataset is
+    ``pool[i % pool_size]`` with label ``i % num_classes``; epoch order from
+    ``training.data.epoch_order``. Costs an index and a copy per batch: the loop-overhead
+    benchmark and the tests use it to take augmentation out of the picture."""
+
+    def __init__(
+        self,
+        *,
+        num_samples: int,
+        num_classes: int,
+        image_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        epochs: int | None = None,
+        pool_size: int = 256,
+    ) -> None:
+        self.num_samples = num_samples
+        self.num_classes = num_classes
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epochs = epochs
+        self.batches_per_epoch, self._positions = rank_positions(
+            num_samples, rank, world_size, batch_size
+        )
+        g = torch.Generator().manual_seed(seed)
+        size = min(pool_size, num_samples)
+        self._pool = torch.randint(0, 256, (size, 3, image_size, image_size), generator=g).to(
+            torch.uint8
+        )
+        self.epoch = 0
+        self._batch = 0
+        self._order: torch.Tensor | None = None
+
+    def _sample_ids(self) -> torch.Tensor:
+        if self._order is None:
+            order = epoch_order(self.seed, self.epoch, self.num_samples)
+            self._order = order[self._positions.start : self._positions.stop : self.world_size]
+        start = self._batch * self.batch_size
+        return self._order[start : start + self.batch_size]
+
+    def next(self) -> Batch:
+        if self._batch >= self.batches_per_epoch:
+            self.epoch, self._batch, self._order = self.epoch + 1, 0, None
+        if self.epochs is not None and self.epoch >= self.epochs:
+            raise EndOfData
+        ids = self._sample_ids()
+        self._batch += 1
+        return Batch(
+            images=self._pool.index_select(0, ids % self._pool.shape[0]),
+            labels=ids % self.num_classes,
+            sample_ids=ids,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch": self._batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self._batch, self._order = int(state["epoch"]), int(state["batch"]), None
+
+    def close(self, *, job_done: bool) -> None:
+        pass
+
+
+class LocalBatches:
+    """``training.data.local_loader`` epoch after epoch (augmentation on this host)."""
+
+    def __init__(
+        self, job: JobSpec, *, rank: int, world_size: int, epochs: int | None = None
+    ) -> None:
+        from training.data import build_dataset
+
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+        self.epochs = epochs
+        self._dataset = build_dataset(job.dataset)
+        self.batches_per_epoch, _ = rank_positions(
+            len(self._dataset), rank, world_size, job.batch_size
+        )
+        self.epoch = 0
+        self._batch = 0
+        self._iter: Iterator[Batch] | None = None
+
+    def _open(self) -> Iterator[Batch]:
+        from training.data import local_loader
+
+        loader = local_loader(
+            self.job, self.rank, self.world_size, self.epoch, source=self._dataset
+        )
+        it: Iterator[Batch] = iter(loader)
+        if self._batch:
+            # The loader has no start offset: resuming mid-epoch re-makes the skipped batches.
+            log.info("resuming epoch %d at batch %d (skipping ahead)", self.epoch, self._batch)
+            it = itertools.islice(it, self._batch, None)
+        return it
+
+    def next(self) -> Batch:
+        while True:
+            if self._batch >= self.batches_per_epoch:
+                self.epoch, self._batch, self._iter = self.epoch + 1, 0, None
+            if self.epochs is not None and self.epoch >= self.epochs:
+                raise EndOfData
+            if self._iter is None:
+                self._iter = self._open()
+            batch = next(self._iter)
+            self._batch += 1
+            if len(batch):
+                return batch
+            log.warning("epoch %d batch %d: no readable sample, skipped", self.epoch, self._batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch": self._batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self._batch, self._iter = int(state["epoch"]), int(state["batch"]), None
+
+    def close(self, *, job_done: bool) -> None:
+        self._iter = None
+
+
+def build_stream(config: TrainerConfig, *, rank: int, world_size: int) -> BatchStream:
+    """The input named by ``config.input`` for this rank."""
+    job = config.spec.job
+    if config.input.kind is InputKind.SYNTHETIC:
+        return SyntheticBatches(
+            num_samples=job.dataset.num_samples,
+            num_classes=job.dataset.num_classes,
+            image_size=job.dataset.image_size,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            rank=rank,
+            world_size=world_size,
+            epochs=config.epochs,
+        )
+    if config.input.kind is InputKind.LOCAL:
+        return LocalBatches(job, rank=rank, world_size=world_size, epochs=config.epochs)
+    from training.trainer.remote import DataPlaneBatches
+
+    return DataPlaneBatches(config, rank=rank, world_size=world_size)

@@ -1,0 +1,96 @@
+"""Run the trainer in N local processes without torchrun, for tests and benchmarks.
+
+Each process would otherwise spend seconds importing torch and timm; here a forkserver imports
+them once and forks the ranks from it. The ranks get torchrun's environment (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT on 127.0.0.1) and run ``training.trainer``'s
+``main``, so the code path is the one torchrun runs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from multiprocessing.process import BaseProcess
+
+_PRELOAD = ["torch", "timm", "training.trainer.train"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous binds it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world_size: int, port: int, argv: list[str], env: dict[str, str]) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import torch
+
+    # As torchrun does for several ranks on one host: one thread each, no oversubscription.
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    from training.trainer.__main__ import main
+
+    sys.exit(main(argv))
+
+
+class LocalJob:
+    """``world_size`` trainer ranks running ``python -m training.trainer <argv>``."""
+
+    def __init__(
+        self, argv: Sequence[str], world_size: int, *, env: Mapping[str, str] | None = None
+    ) -> None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        port = free_port()
+        self.processes: list[BaseProcess] = [
+            ctx.Process(
+                target=_rank_main,
+                args=(rank, world_size, port, list(argv), dict(env or {})),
+                name=f"trainer-rank-{rank}",
+            )
+            for rank in range(world_size)
+        ]
+        for p in self.processes:
+            p.start()
+
+    def wait(self, timeout: float) -> list[int | None]:
+        """Exit codes per rank once all exit; ranks still running after ``timeout`` seconds
+        are killed and reported as None."""
+        deadline = time.monotonic() + timeout
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        codes = [p.exitcode for p in self.processes]
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        return codes
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every live rank (as the launcher forwards a Spot notice)."""
+        for p in self.processes:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signum)
+
+
+def run_local(
+    argv: Sequence[str],
+    world_size: int,
+    *,
+    timeout: float = 300.0,
+    env: Mapping[str, str] | None = None,
+) -> list[int | None]:
+    """Run the trainer on ``world_size`` local ranks to completion; exit codes per rank."""
+    return LocalJob(argv, world_size, env=env).wait(timeout)

@@ -1,0 +1,106 @@
+"""Batches from the gRPC data servers: one ``DataPlaneClient`` per trainer rank.
+
+The client serves a whole epoch (positions ``0..num_samples``) to whoever asks; with several
+ranks each must see a disjoint share. The client has no rank argument, so the share is made
+with its own resume state: positions outside this rank's block are marked consumed before each
+epoch, and the client only ever requests the block ``[rank * per_rank, (rank + 1) * per_rank)``
+(``per_rank`` is a whole number of batches, equal on every rank).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from training.data import Batch
+from training.dataplane.client import STATE_VERSION, DataPlaneClient
+from training.trainer.config import TrainerConfig
+from training.trainer.inputs import EndOfData, rank_positions
+
+log = logging.getLogger(__name__)
+
+
+class DataPlaneBatches:
+    """This rank's share of each epoch, streamed from every data server."""
+
+    def __init__(self, config: TrainerConfig, *, rank: int, world_size: int) -> None:
+        job = config.spec.job
+        dp = job.dataplane
+        self.epochs = config.epochs
+        self.client = DataPlaneClient(
+            list(config.input.data_servers),
+            batch_size=config.batch_size,
+            seed=config.seed,
+            prefetch_batches=dp.prefetch_batches,
+            chunk_batches=dp.chunk_batches,
+            rpc_timeout_s=dp.rpc_timeout_s,
+            recipe=job.augmentation.value,
+            image_size=job.dataset.image_size,
+        )
+        serving = self.client.wait_for_servers(timeout_s=dp.rpc_timeout_s)
+        n = self.client.num_samples
+        self.batches_per_epoch, _ = rank_positions(n, rank, world_size, config.batch_size)
+        per_rank = self.batches_per_epoch * config.batch_size
+        self._block = (rank * per_rank, (rank + 1) * per_rank)
+        log.info(
+            "data plane: %d/%d server(s) serving; rank %d takes positions [%d, %d) of %d",
+            len(serving), len(config.input.data_servers), rank, *self._block, n,
+        )  # fmt: skip
+        self.epoch = 0
+        self._batch = 0
+        self._iter: Iterator[Batch] | None = None
+        self._restored: dict[str, Any] | None = None
+
+    def _mask(self, epoch: int) -> dict[str, Any]:
+        """Client state for ``epoch`` where everything outside this rank's block is consumed."""
+        lo, hi = self._block
+        n = self.client.num_samples
+        spans = [[a, b] for a, b in ((0, lo), (hi, n)) if b > a]
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "seed": self.client.seed,
+            "num_samples": n,
+            "consumed": spans,
+        }
+
+    def _open(self) -> Iterator[Batch]:
+        self.client.load_state_dict(self._restored or self._mask(self.epoch))
+        self._restored = None
+        return self.client.iter_epoch(self.epoch)
+
+    def next(self) -> Batch:
+        while True:
+            if self.epochs is not None and self.epoch >= self.epochs:
+                raise EndOfData
+            if self._iter is None:
+                self._iter = self._open()
+            batch = next(self._iter, None)
+            if batch is None:
+                self.epoch, self._batch, self._iter = self.epoch + 1, 0, None
+                continue
+            self._batch += 1
+            return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._iter is None:
+            return {"epoch": self.epoch, "batch": self._batch, "client": None}
+        return {"epoch": self.epoch, "batch": self._batch, "client": self.client.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self._batch, self._iter = int(state["epoch"]), int(state["batch"]), None
+        client = state.get("client")
+        if client is None and self._batch:
+            log.warning("no data plane position saved: epoch %d restarts", self.epoch)
+        self._restored = client
+
+    def close(self, *, job_done: bool) -> None:
+        """Close the streams; at the end of the job (rank 0) tell every server to shut down."""
+        self._iter = None
+        try:
+            if job_done:
+                acknowledged = self.client.shutdown_servers()
+                log.info("job done: %d data server(s) shut down", len(acknowledged))
+        finally:
+            self.client.close()
