@@ -1,0 +1,111 @@
+"""Shared parts for the launcher tests: a real HTTP server speaking IMDSv2, and specs on disk."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from training.spec import ClusterSpec, load_spec
+
+# Two trainer hosts with 4 GPUs each, two dataprep hosts: enough to check ordering and ranks.
+CLUSTER_TOML = """
+name = "vit-test"
+
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.12xlarge"]
+count = 2
+
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 2
+
+[job]
+steps = 10
+
+[job.dataplane]
+port = 50051
+"""
+
+
+class FakeImds:
+    """IMDSv2 on 127.0.0.1: ``PUT /latest/api/token`` (with the TTL header) returns a token;
+    GETs without that token get 401; known paths answer 200, others 404."""
+
+    TOKEN = "fake-imds-token"
+
+    def __init__(self) -> None:
+        self.paths: dict[str, str] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _reply(self, code: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:
+                with fake.lock:
+                    fake.requests.append(("PUT", self.path))
+                if self.path != "/latest/api/token":
+                    self._reply(404)
+                elif not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    self._reply(400, "missing TTL header")
+                else:
+                    self._reply(200, FakeImds.TOKEN)
+
+            def do_GET(self) -> None:
+                with fake.lock:
+                    fake.requests.append(("GET", self.path))
+                    body = fake.paths.get(self.path)
+                if self.headers.get("X-aws-ec2-metadata-token") != FakeImds.TOKEN:
+                    self._reply(401)
+                elif body is None:
+                    self._reply(404)
+                else:
+                    self._reply(200, body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def set(self, path: str, body: str) -> None:
+        with self.lock:
+            self.paths[path] = body
+
+
+@pytest.fixture
+def fake_imds() -> Iterator[FakeImds]:
+    imds = FakeImds()
+    imds.thread.start()
+    try:
+        yield imds
+    finally:
+        imds.server.shutdown()
+        imds.server.server_close()
+
+
+@pytest.fixture
+def spec_path(tmp_path: Path) -> Path:
+    path = tmp_path / "cluster.toml"
+    path.write_text(CLUSTER_TOML)
+    return path
+
+
+@pytest.fixture
+def spec(spec_path: Path) -> ClusterSpec:
+    return load_spec(spec_path)

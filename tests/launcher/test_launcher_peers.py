@@ -1,0 +1,152 @@
+"""Peer discovery: EC2 DescribeInstances by the cluster's tags (moto), SageMaker hosts, loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from training.launcher.peers import (
+    PeerDiscoveryError,
+    ec2_peers,
+    list_cluster_instances,
+    local_peers,
+    sagemaker_peers,
+)
+from training.spec import ClusterSpec
+
+from .test_launcher_group import RESOURCECONFIG
+
+REGION = "us-west-2"
+# One of moto's built-in images (listing images instead takes seconds per call).
+AMI = "ami-12c6146b"
+
+
+@pytest.fixture
+def ec2() -> Iterator[tuple[Any, str]]:
+    """A mocked EC2 client and a subnet to launch into."""
+    with mock_aws():
+        client = boto3.client("ec2", region_name=REGION)
+        vpc = client.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = client.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+        yield client, subnet
+
+
+def launch(ec2: tuple[Any, str], ip: str, group: str | None, cluster: str = "vit-test") -> str:
+    client, subnet = ec2
+    tags = [{"Key": "hetero:cluster", "Value": cluster}]
+    if group is not None:
+        tags.append({"Key": "hetero:group", "Value": group})
+    reply = client.run_instances(
+        ImageId=AMI,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="c6i.4xlarge",
+        SubnetId=subnet,
+        PrivateIpAddress=ip,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    return str(reply["Instances"][0]["InstanceId"])
+
+
+def test_filters_by_cluster_and_state_and_sorts_by_address(
+    ec2: tuple[Any, str], spec: ClusterSpec
+) -> None:
+    # Launched out of order; 10.0.0.9 < 10.0.0.30 < 10.0.0.200 numerically (not as strings).
+    t_high = launch(ec2, "10.0.0.200", "trainer")
+    t_low = launch(ec2, "10.0.0.9", "trainer")
+    d_b = launch(ec2, "10.0.0.31", "dataprep")
+    d_a = launch(ec2, "10.0.0.30", "dataprep")
+    launch(ec2, "10.0.0.50", "trainer", cluster="another-cluster")
+    launch(ec2, "10.0.0.60", None)  # no group tag: ignored
+    stopped = launch(ec2, "10.0.0.5", "trainer")
+    ec2[0].stop_instances(InstanceIds=[stopped])
+
+    grouped = list_cluster_instances(ec2[0], "vit-test")
+    assert {k: [i["InstanceId"] for i in v] for k, v in grouped.items()} == {
+        "trainer": [t_low, t_high],
+        "dataprep": [d_a, d_b],
+    }
+
+    peers = ec2_peers(spec, ec2[0], own_group="trainer", own_instance_id=t_high, timeout_s=1)
+    assert peers.hosts == {
+        "trainer": ("10.0.0.9", "10.0.0.200"),
+        "dataprep": ("10.0.0.30", "10.0.0.31"),
+    }
+    assert peers.trainer_hosts(spec) == ("10.0.0.9", "10.0.0.200")
+    assert peers.self_index == 1
+    assert peers.data_servers == ("10.0.0.30:50051", "10.0.0.31:50051")
+
+
+def test_waits_for_late_instances_with_progress(
+    ec2: tuple[Any, str], spec: ClusterSpec, caplog: pytest.LogCaptureFixture
+) -> None:
+    me = launch(ec2, "10.0.0.10", "trainer")
+    launch(ec2, "10.0.0.20", "dataprep")
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        # The missing instances come up while we wait.
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            launch(ec2, "10.0.0.11", "trainer")
+            launch(ec2, "10.0.0.21", "dataprep")
+
+    caplog.set_level("INFO", logger="training.launcher.peers")
+    peers = ec2_peers(
+        spec, ec2[0], own_group="trainer", own_instance_id=me, timeout_s=30, poll_s=0.5, sleep=sleep
+    )
+    assert sleeps == [0.5, 0.5]
+    assert peers.self_index == 0
+    assert "waiting for peers: trainer 1/2, dataprep 1/2" in caplog.text
+
+
+def test_bounded_wait_names_what_is_missing(ec2: tuple[Any, str], spec: ClusterSpec) -> None:
+    me = launch(ec2, "10.0.0.10", "trainer")
+    launch(ec2, "10.0.0.20", "dataprep")
+    launch(ec2, "10.0.0.21", "dataprep")
+    with pytest.raises(PeerDiscoveryError) as e:
+        ec2_peers(spec, ec2[0], own_group="trainer", own_instance_id=me, timeout_s=0.3, poll_s=0.1)
+    assert "trainer 1/2, dataprep 2/2" in str(e.value)
+    assert "hetero:cluster=vit-test" in str(e.value)
+    assert "--peer-timeout" in str(e.value)
+
+
+def test_extra_instance_during_replacement_picks_the_lowest_addresses(
+    ec2: tuple[Any, str], spec: ClusterSpec
+) -> None:
+    launch(ec2, "10.0.0.10", "trainer")
+    launch(ec2, "10.0.0.11", "trainer")
+    late = launch(ec2, "10.0.0.12", "trainer")  # a rebalance replacement, old one still running
+    launch(ec2, "10.0.0.20", "dataprep")
+    launch(ec2, "10.0.0.21", "dataprep")
+    with pytest.raises(PeerDiscoveryError, match="is not among the first 2 of group 'trainer'"):
+        ec2_peers(
+            spec, ec2[0], own_group="trainer", own_instance_id=late, timeout_s=0.2, poll_s=0.1
+        )
+
+
+def test_sagemaker_hosts_from_resourceconfig(spec: ClusterSpec) -> None:
+    peers = sagemaker_peers(spec, RESOURCECONFIG)
+    assert peers.hosts == {"trainer": ("algo-1", "algo-2"), "dataprep": ("algo-3", "algo-4")}
+    assert peers.self_index == 0  # algo-3 is the first dataprep host
+    assert peers.data_servers == ("algo-3:50051", "algo-4:50051")
+    as_trainer = dict(RESOURCECONFIG, current_host="algo-2", current_group_name="trainer")
+    assert sagemaker_peers(spec, as_trainer).self_index == 1
+
+
+def test_sagemaker_job_without_a_spec_group_is_refused(spec: ClusterSpec) -> None:
+    config = dict(RESOURCECONFIG)
+    config["instance_groups"] = [RESOURCECONFIG["instance_groups"][0]]  # type: ignore[index]
+    with pytest.raises(PeerDiscoveryError, match="no instance group named 'dataprep'"):
+        sagemaker_peers(spec, config)
+
+
+def test_local_peers_are_loopback_ports(spec: ClusterSpec) -> None:
+    peers = local_peers(spec, self_index=1)
+    assert peers.trainer_hosts(spec) == ("127.0.0.1", "127.0.0.1")
+    assert peers.data_servers == ("127.0.0.1:50051", "127.0.0.1:50052")
+    assert peers.self_index == 1

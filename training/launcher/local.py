@@ -1,0 +1,298 @@
+"""``hetero local``: the whole heterogeneous topology as processes on this machine.
+
+One data server per dataprep instance of the spec (on free loopback ports from the spec's port
+upward), health-checked, then torchrun with the trainer, which streams batches from them and,
+when done, shuts them down with the Shutdown RPC. Ctrl-C or SIGTERM stops everything; no process
+is left behind either way. A spec without dataprep groups runs the trainer alone with its local
+DataLoader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from training.launcher import roles
+from training.launcher.peers import LOOPBACK
+from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
+from training.spec import ClusterSpec, SpecError, load_spec
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "local-run.json"
+_PORT_ATTEMPTS = 3
+
+
+class LocalRunError(RuntimeError):
+    """The local topology could not be brought up (a data server failed to start)."""
+
+
+@dataclass
+class LocalRunSummary:
+    """What happened, written to ``<run dir>/local-run.json`` at the end of every run."""
+
+    exit_code: int
+    trainer_exit_code: int | None = None
+    data_servers: dict[str, int | None] = field(default_factory=dict)
+    """``host:port`` -> exit code (0 after a Shutdown RPC; 128+N if it had to be stopped)."""
+    servers_stopped_by_trainer: bool = False
+    """True when every data server exited by itself after the trainer finished."""
+    stopped_by: str | None = None
+    """Why the run was stopped early (a signal), if it was."""
+    wall_s: float = 0.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", default="specs/local-cpu.toml", help="cluster spec (TOML)")
+    parser.add_argument("--run-dir", default="runs/local", help="output folder of the run")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="trainer processes (default: the trainer group's ranks, capped to this machine)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds processes get to exit after a stop before they are killed",
+    )
+    parser.add_argument(
+        "--server-start-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the data servers to report healthy",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.nproc is not None and args.nproc < 1:
+        print(f"--nproc must be at least 1, got {args.nproc}", file=sys.stderr)
+        return 2
+    return run_local(
+        spec,
+        spec_path=args.spec,
+        run_dir=Path(args.run_dir),
+        nproc=args.nproc,
+        grace_s=args.grace,
+        server_start_timeout_s=args.server_start_timeout,
+    ).exit_code
+
+
+def default_nproc(spec: ClusterSpec) -> int:
+    """The trainer group's total ranks, capped by this machine: GPUs if any, else a quarter of
+    the cores (CPU ranks compete with the data servers for the same cores)."""
+    g = spec.trainer_group
+    wanted = g.count * g.ranks_per_instance
+    import torch  # deferred: only the local run needs to know about devices
+
+    if torch.cuda.is_available():
+        cap = torch.cuda.device_count()
+    else:
+        cap = max(1, (os.cpu_count() or 1) // 4)
+    if wanted > cap:
+        log.warning("the spec's trainer has %d ranks; running %d on this machine", wanted, cap)
+    return min(wanted, cap)
+
+
+def data_server_count(spec: ClusterSpec) -> int:
+    """Data servers the spec describes: one per dataprep instance and rank."""
+    return sum(g.count * g.ranks_per_instance for g in spec.dataprep_groups)
+
+
+def free_port(start: int, taken: set[int], host: str = LOOPBACK) -> int:
+    """The first port from ``start`` upward that is not in ``taken`` and can be bound now."""
+    for port in range(start, 65536):
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise LocalRunError(f"no free TCP port from {start} upward on {host}")
+
+
+def wait_healthy(address: str, child: Child, timeout_s: float, sup: Supervisor) -> bool:
+    """True once the server at ``address`` reports SERVING over the standard health service;
+    False if its process exits first or a stop is requested. Raises ``LocalRunError`` on
+    timeout."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if child.returncode is not None or sup.stop_signal is not None:
+                return False
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.2)
+    raise LocalRunError(f"data server {address} did not report healthy within {timeout_s:.0f}s")
+
+
+def run_local(
+    spec: ClusterSpec,
+    *,
+    spec_path: str | Path,
+    run_dir: Path,
+    nproc: int | None = None,
+    grace_s: float = 30.0,
+    server_start_timeout_s: float = 120.0,
+    server_exit_timeout_s: float = 30.0,
+) -> LocalRunSummary:
+    """Run the spec's topology locally to the end (or to a stop signal) and return its summary.
+
+    Promises: on return no process started here is alive; the summary is also written to
+    ``run_dir/local-run.json``. The exit code is the trainer's, 128+N after signal N, and 1 if
+    the trainer succeeded but a data server failed.
+    """
+    started = time.monotonic()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    summary = LocalRunSummary(exit_code=1)
+    servers: list[tuple[str, Child]] = []
+    with Supervisor(grace_s=grace_s, subreaper=True) as sup:
+        sup.install_signal_handlers()
+        try:
+            servers = _start_data_servers(spec, spec_path, logs, sup, server_start_timeout_s)
+        except LocalRunError as e:
+            log.error("%s", e)
+            _print_server_logs(logs)
+        else:
+            if sup.stop_signal is None:
+                summary.trainer_exit_code = _run_trainer(
+                    spec, spec_path, run_dir, servers, nproc, sup
+                )
+            if summary.trainer_exit_code is not None and sup.stop_signal is None:
+                # The trainer's rank 0 sends Shutdown to every server; they should exit now.
+                summary.servers_stopped_by_trainer = sup.wait_all(server_exit_timeout_s) and all(
+                    c.returncode == 0 for _, c in servers
+                )
+                if servers and not summary.servers_stopped_by_trainer:
+                    log.warning("data servers did not all stop after training; stopping them")
+        sup.shutdown(grace_s)
+        summary.data_servers = {addr: c.returncode for addr, c in servers}
+        if sup.stop_signal is not None:
+            summary.stopped_by = sup.stop_reason
+            summary.exit_code = exit_code_for_signal(sup.stop_signal)
+        elif summary.trainer_exit_code is not None:
+            summary.exit_code = summary.trainer_exit_code
+            failed = {a: c for a, c in summary.data_servers.items() if c not in (0, None)}
+            if summary.exit_code == 0 and failed and not summary.servers_stopped_by_trainer:
+                log.error("data servers failed: %s (logs in %s)", failed, logs)
+                summary.exit_code = 1
+    summary.wall_s = round(time.monotonic() - started, 2)
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    _print_summary(summary, run_dir)
+    return summary
+
+
+def _start_data_servers(
+    spec: ClusterSpec, spec_path: str | Path, logs: Path, sup: Supervisor, timeout_s: float
+) -> list[tuple[str, Child]]:
+    count = data_server_count(spec)
+    if count == 0:
+        log.info("no dataprep groups: the trainer uses its local DataLoader")
+        return []
+    taken: set[int] = set()
+    servers: list[tuple[str, Child]] = []
+    port = spec.job.dataplane.port
+    for i in range(count):
+        for attempt in range(_PORT_ATTEMPTS):
+            # The port can be taken between our probe and the server's bind: try another.
+            port = free_port(port, taken)
+            taken.add(port)
+            address = f"{LOOPBACK}:{port}"
+            cmd = roles.data_server_command(spec_path=spec_path, port=port, host=LOOPBACK)
+            out = (logs / f"data-server-{i}.log").open("ab")
+            child = sup.start(f"data-server-{i}", cmd.argv, stdout=out, stderr=out)
+            out.close()  # the child has its own copy of the descriptor
+            if wait_healthy(address, child, timeout_s, sup):
+                log.info("data server %d of %d healthy at %s", i + 1, count, address)
+                servers.append((address, child))
+                break
+            if sup.stop_signal is not None:
+                return servers
+            log.warning(
+                "data server %d exited with code %s on port %d (attempt %d)",
+                i,
+                child.returncode,
+                port,
+                attempt + 1,
+            )
+        else:
+            raise LocalRunError(
+                f"data server {i} failed to start {_PORT_ATTEMPTS} times; see "
+                f"{logs / f'data-server-{i}.log'}"
+            )
+    return servers
+
+
+def _run_trainer(
+    spec: ClusterSpec,
+    spec_path: str | Path,
+    run_dir: Path,
+    servers: Sequence[tuple[str, Child]],
+    nproc: int | None,
+    sup: Supervisor,
+) -> int | None:
+    n = nproc if nproc is not None else default_nproc(spec)
+    cmd = roles.trainer_command(
+        spec,
+        spec_path=spec_path,
+        run_dir=run_dir,
+        trainer_hosts=(LOOPBACK,),
+        node_rank=0,
+        data_servers=[addr for addr, _ in servers],
+        nproc_per_node=n,
+    )
+    log.info("trainer: %d process(es), %d data server(s); output in %s", n, len(servers), run_dir)
+    # The trainer writes to this console directly: its progress is the run's progress.
+    trainer = sup.start("trainer", cmd.argv, env={**os.environ, **cmd.env})
+    # On Ctrl-C the trainer gets SIGTERM (checkpoint, exit) and the grace period to do it.
+    return sup.wait(trainer)
+
+
+def _print_server_logs(logs: Path, lines: int = 20) -> None:
+    for path in sorted(logs.glob("data-server-*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        if tail:
+            print(f"--- last lines of {path} ---", file=sys.stderr)
+            print("\n".join(tail), file=sys.stderr)
+
+
+def _print_summary(summary: LocalRunSummary, run_dir: Path) -> None:
+    print(f"\nlocal run finished in {summary.wall_s:.1f}s with exit code {summary.exit_code}")
+    if summary.stopped_by:
+        print(f"  stopped early: {summary.stopped_by}")
+    print(f"  trainer exit code: {summary.trainer_exit_code}")
+    for addr, code in summary.data_servers.items():
+        print(f"  data server {addr}: exit code {code}")
+    outputs = sorted(
+        p
+        for p in run_dir.iterdir()
+        if p.is_file() and p.suffix in {".json", ".jsonl", ".csv", ".png", ".svg"}
+    )
+    print(f"  run folder: {run_dir.resolve()}")
+    for p in outputs:
+        print(f"    {p.name}")

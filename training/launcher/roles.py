@@ -1,0 +1,122 @@
+"""What each role runs: the trainer's torchrun command and the data server's ``hetero serve``.
+
+Only command lines and environments are built here (pure functions, easy to check); running
+them is the supervisor's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.spec import ClusterSpec, InstanceGroup
+
+log = logging.getLogger(__name__)
+
+RENDEZVOUS_PORT = 29500
+"""Port of the static rendezvous (torch's MASTER_PORT) on the first trainer host."""
+EFA_SYSFS = Path("/sys/class/infiniband")
+
+
+@dataclass(frozen=True)
+class RoleCommand:
+    """A command line and the environment variables it needs on top of the launcher's own."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+def efa_present(sysfs: Path = EFA_SYSFS) -> bool:
+    """True when an EFA device is visible (EFA devices register as ``rdmap*`` verbs devices)."""
+    try:
+        return any(p.name.startswith("rdmap") for p in sysfs.iterdir())
+    except OSError:
+        return False
+
+
+def network_env(
+    group: InstanceGroup, *, efa: bool, socket_ifname: str | None = None
+) -> dict[str, str]:
+    """NCCL/libfabric settings for the trainer: EFA through the aws-ofi-nccl plugin when present."""
+    env: dict[str, str] = {}
+    if efa:
+        env["FI_PROVIDER"] = "efa"
+        # The trainer forks data loading workers; libfabric must be told to allow it.
+        env["FI_EFA_FORK_SAFE"] = "1"
+    elif group.use_efa:
+        log.warning("the spec wants EFA for group %r but no EFA device is visible", group.name)
+    if socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = socket_ifname
+    return env
+
+
+def trainer_command(
+    spec: ClusterSpec,
+    *,
+    spec_path: str | Path,
+    run_dir: str | Path,
+    trainer_hosts: Sequence[str],
+    node_rank: int,
+    data_servers: Sequence[str] = (),
+    nproc_per_node: int | None = None,
+    rendezvous_port: int = RENDEZVOUS_PORT,
+    env: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+) -> RoleCommand:
+    """torchrun for this trainer host: ``--nnodes`` = trainer hosts, ``--node-rank`` = this
+    host's index among them, ``--nproc-per-node`` = the group's ranks per instance (unless
+    given), static rendezvous on the first trainer host. A single host uses ``--standalone``
+    (torchrun picks a free local port)."""
+    nnodes = len(trainer_hosts)
+    if nnodes == 0:
+        raise ValueError("no trainer hosts: the trainer group has no instances")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
+    nproc = nproc_per_node if nproc_per_node is not None else spec.trainer_group.ranks_per_instance
+    if nproc < 1:
+        raise ValueError(f"--nproc-per-node must be at least 1, got {nproc}")
+    argv = [python, "-m", "torch.distributed.run"]
+    if nnodes == 1:
+        argv += ["--standalone", "--nnodes", "1"]
+    else:
+        argv += [
+            "--nnodes",
+            str(nnodes),
+            "--node-rank",
+            str(node_rank),
+            "--master-addr",
+            trainer_hosts[0],
+            "--master-port",
+            str(rendezvous_port),
+        ]
+    argv += ["--nproc-per-node", str(nproc)]
+    argv += ["-m", "training.trainer", "--spec", str(spec_path), "--run-dir", str(run_dir)]
+    if data_servers:
+        argv += ["--data-servers", ",".join(data_servers)]
+    return RoleCommand(tuple(argv), dict(env or {}))
+
+
+def data_server_command(
+    *,
+    spec_path: str | Path,
+    port: int,
+    host: str = "0.0.0.0",
+    python: str = sys.executable,
+) -> RoleCommand:
+    """``hetero serve`` on ``host:port`` (all interfaces by default: trainers connect remotely)."""
+    argv = (
+        python,
+        "-m",
+        "training.cli",
+        "serve",
+        "--spec",
+        str(spec_path),
+        "--port",
+        str(port),
+        "--host",
+        host,
+    )
+    return RoleCommand(argv, {})
