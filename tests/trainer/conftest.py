@@ -12,7 +12,8 @@ name = "trainer-test"
 name = "trainer"
 role = "trainer"
 instance_types = ["g5.xlarge"]
-count = 1
+count = {count}
+processes_per_instance = {ranks}
 [[groups]]
 name = "dataprep"
 role = "dataprep"
@@ -31,9 +32,11 @@ def write_spec(
     grad_accum: int = 1,
     extra_parallel: str = "",
     name: str = "spec.toml",
+    instances: int = 1,
+    ranks_per_instance: int = 1,
 ) -> Path:
     """A spec for the tiny CPU ViT on in-memory synthetic data."""
-    text = f"""{GROUPS}
+    text = f"""{GROUPS.format(count=instances, ranks=ranks_per_instance)}
 [job]
 batch_size = {batch_size}
 grad_accum_steps = {grad_accum}
