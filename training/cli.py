@@ -15,6 +15,8 @@ from collections.abc import Sequence
 # name -> (module, one-line help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "spec": ("training.spec_cli", "validate a cluster spec and show what it describes"),
+    "serve": ("training.dataplane.serve_cli", "run a data server (gRPC preprocessing service)"),
+    "demo": ("training.dataplane.demo", "local data-plane demo: N data servers, one client"),
     "launch": ("training.launcher.launch", "the container entry point: run this host's role"),
     "local": ("training.launcher.local", "run the whole heterogeneous topology on this machine"),
 }

@@ -1,0 +1,32 @@
+"""Datasets (synthetic, image folder, S3 prefix), augmentation recipes and the local loader."""
+
+from training.data.augment import AugmentedSamples, augment_samples, load_image
+from training.data.batch import Batch
+from training.data.datasets import (
+    FolderImages,
+    ImageSource,
+    S3Images,
+    SyntheticImages,
+    build_dataset,
+)
+from training.data.loader import local_loader
+from training.data.order import batch_seed, epoch_order, epoch_seed
+from training.data.transforms import build_transform, decode_image
+
+__all__ = [
+    "AugmentedSamples",
+    "Batch",
+    "FolderImages",
+    "ImageSource",
+    "S3Images",
+    "SyntheticImages",
+    "augment_samples",
+    "batch_seed",
+    "build_dataset",
+    "build_transform",
+    "decode_image",
+    "epoch_order",
+    "epoch_seed",
+    "load_image",
+    "local_loader",
+]

@@ -1,0 +1,205 @@
+"""Image sources: where the bytes of sample ``i`` come from, and its label.
+
+A source returns encoded image bytes (JPEG/PNG), so decoding is part of the augmentation cost
+wherever it runs, exactly as with real data. Sources are picklable: the data server ships them to
+its worker processes.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import numpy as np
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+from training.spec import DatasetSource, DatasetSpec
+
+log = logging.getLogger(__name__)
+
+
+class ImageSource(Protocol):
+    """A dataset of encoded images with integer labels."""
+
+    num_classes: int
+
+    def __len__(self) -> int: ...
+
+    def read(self, index: int) -> bytes:
+        """The encoded image of sample ``index`` (may be unreadable: decoding is the caller's)."""
+        ...
+
+    def label(self, index: int) -> int: ...
+
+    def describe(self) -> str: ...
+
+
+def _check_index(index: int, length: int) -> None:
+    if not 0 <= index < length:
+        raise IndexError(f"sample index {index} out of range (dataset has {length} samples)")
+
+
+class SyntheticImages:
+    """Images made on the fly, deterministically from the index: a class colour plus a smooth
+    per-sample pattern and noise, JPEG-encoded at ~8/7 of the crop size (256 px for 224) so that
+    decode and RandomResizedCrop cost what they cost on ImageNet-like data."""
+
+    def __init__(self, num_samples: int, num_classes: int, image_size: int) -> None:
+        if num_samples < 1 or num_classes < 1:
+            raise ValueError("synthetic dataset needs num_samples >= 1 and num_classes >= 1")
+        self.num_samples = num_samples
+        self.num_classes = num_classes
+        self.source_size = max(16, round(image_size * 8 / 7))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def label(self, index: int) -> int:
+        _check_index(index, self.num_samples)
+        return index % self.num_classes
+
+    def read(self, index: int) -> bytes:
+        label = self.label(index)
+        rng = np.random.default_rng(index)
+        colour = np.random.default_rng(1_000_003 + label).integers(40, 216, size=3)
+        # A coarse random grid upsampled bilinearly gives smooth structure that JPEG encodes
+        # to a realistic size; the noise keeps it from compressing to nothing.
+        coarse = rng.integers(-60, 60, size=(8, 8, 3)) + colour
+        base = Image.fromarray(np.clip(coarse, 0, 255).astype(np.uint8)).resize(
+            (self.source_size, self.source_size), Image.Resampling.BILINEAR
+        )
+        noise = rng.integers(0, 25, size=(self.source_size, self.source_size, 3), dtype=np.uint8)
+        # Scale to 0..229 first so adding 0..24 of noise cannot overflow uint8.
+        pixels = ((np.asarray(base, dtype=np.uint16) * 230) >> 8).astype(np.uint8) + noise
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+        return out.getvalue()
+
+    def describe(self) -> str:
+        return f"synthetic ({self.num_samples} samples, {self.num_classes} classes)"
+
+
+class FolderImages:
+    """A local folder in ImageFolder layout: ``root/<class>/<image>``; classes sorted by name."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ValueError(
+                f"job.dataset.path {str(self.root)!r} is not a folder; point it at a folder of "
+                "class sub-folders (ImageFolder layout)"
+            )
+        try:
+            self.classes, class_to_idx = find_classes(str(self.root))
+        except FileNotFoundError as e:
+            raise ValueError(f"job.dataset.path {str(self.root)!r}: {e}") from e
+        self.samples: list[tuple[str, int]] = make_dataset(
+            str(self.root), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True
+        )
+        if not self.samples:
+            raise ValueError(
+                f"job.dataset.path {str(self.root)!r} has class folders but no images "
+                f"({', '.join(IMG_EXTENSIONS)})"
+            )
+        self.num_classes = len(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def label(self, index: int) -> int:
+        _check_index(index, len(self.samples))
+        return self.samples[index][1]
+
+    def read(self, index: int) -> bytes:
+        _check_index(index, len(self.samples))
+        return Path(self.samples[index][0]).read_bytes()
+
+    def describe(self) -> str:
+        return f"folder {self.root} ({len(self.samples)} images, {self.num_classes} classes)"
+
+
+class S3Images:
+    """Images under an S3 prefix: ``s3://bucket/prefix/<class>/<image>``; the class is the first
+    sub-prefix. Keys are listed once; each process makes its own boto3 client."""
+
+    def __init__(self, uri: str, *, client: Any | None = None) -> None:
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ValueError(f"job.dataset.path {uri!r} must look like s3://bucket/prefix/")
+        self.uri = uri
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.lstrip("/")
+        if self.prefix and not self.prefix.endswith("/"):
+            self.prefix += "/"
+        self._client = client
+        by_class: dict[str, list[str]] = {}
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+            for obj in page.get("Contents", []):
+                key: str = obj["Key"]
+                parts = key[len(self.prefix) :].split("/")
+                if len(parts) == 2 and parts[1].lower().endswith(IMG_EXTENSIONS):
+                    by_class.setdefault(parts[0], []).append(key)
+        if not by_class:
+            raise ValueError(
+                f"job.dataset.path {uri!r}: no images found under <prefix>/<class>/ "
+                f"({', '.join(IMG_EXTENSIONS)})"
+            )
+        self.classes = sorted(by_class)
+        self.keys: list[tuple[str, int]] = [
+            (key, i) for i, c in enumerate(self.classes) for key in sorted(by_class[c])
+        ]
+        self.num_classes = len(self.classes)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3  # deferred: only S3 datasets pay for importing boto3
+
+            self._client = boto3.client("s3")
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        # boto3 clients do not pickle; each worker process makes its own.
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def label(self, index: int) -> int:
+        _check_index(index, len(self.keys))
+        return self.keys[index][1]
+
+    def read(self, index: int) -> bytes:
+        _check_index(index, len(self.keys))
+        body = self.client.get_object(Bucket=self.bucket, Key=self.keys[index][0])["Body"]
+        return bytes(body.read())
+
+    def describe(self) -> str:
+        return f"{self.uri} ({len(self.keys)} images, {self.num_classes} classes)"
+
+
+def build_dataset(spec: DatasetSpec) -> ImageSource:
+    """The image source the spec's ``[job.dataset]`` describes; raises ``ValueError`` naming the
+    field to fix when the folder or prefix holds no usable images."""
+    source: ImageSource
+    if spec.source is DatasetSource.SYNTHETIC:
+        source = SyntheticImages(spec.num_samples, spec.num_classes, spec.image_size)
+    elif spec.source is DatasetSource.FOLDER:
+        if not spec.path:
+            raise ValueError("job.dataset.path is required for source 'folder'")
+        source = FolderImages(spec.path)
+    elif spec.source is DatasetSource.S3:
+        if not spec.path:
+            raise ValueError("job.dataset.path is required for source 's3'")
+        source = S3Images(spec.path)
+    else:  # pragma: no cover - the spec's enum is exhaustive
+        raise ValueError(f"unknown dataset source {spec.source!r}")
+    log.info("dataset: %s", source.describe())
+    return source

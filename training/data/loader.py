@@ -1,0 +1,93 @@
+"""The local data path: a torch DataLoader over the same dataset and recipe as the data plane.
+
+The trainer uses it for homogeneous runs (no data servers), so both paths deliver the same
+``Batch`` built from the same samples, order and augmentation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from training.data.augment import load_image
+from training.data.batch import Batch
+from training.data.datasets import ImageSource, build_dataset
+from training.data.order import epoch_order, epoch_seed
+from training.data.transforms import Transform, build_transform
+from training.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+_Item = tuple[torch.Tensor | None, int, int]
+
+
+class AugmentedImages(Dataset[_Item]):
+    """``(uint8 [3,S,S] tensor or None if unreadable, label, sample id)`` per index."""
+
+    def __init__(self, source: ImageSource, transform: Transform) -> None:
+        self.source = source
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> _Item:
+        image = load_image(self.source, index)
+        if image is None:
+            return None, -1, index
+        return self.transform(image), self.source.label(index), index
+
+
+def collate_batch(items: list[_Item]) -> Batch:
+    """Stack the readable items into a ``Batch``; unreadable ones are dropped and logged."""
+    kept = [(img, label, idx) for img, label, idx in items if img is not None]
+    if len(kept) < len(items):
+        skipped = [idx for img, _, idx in items if img is None]
+        log.warning("batch: skipped %d unreadable sample(s): %s", len(skipped), skipped)
+    if not kept:
+        return Batch(
+            images=torch.empty((0, 3, 0, 0), dtype=torch.uint8),
+            labels=torch.empty(0, dtype=torch.int64),
+            sample_ids=torch.empty(0, dtype=torch.int64),
+        )
+    return Batch(
+        images=torch.stack([img for img, _, _ in kept if img is not None]),
+        labels=torch.tensor([label for _, label, _ in kept], dtype=torch.int64),
+        sample_ids=torch.tensor([idx for _, _, idx in kept], dtype=torch.int64),
+    )
+
+
+def local_loader(
+    job: JobSpec,
+    rank: int = 0,
+    world_size: int = 1,
+    epoch: int = 0,
+    *,
+    num_workers: int | None = None,
+    source: ImageSource | None = None,
+) -> DataLoader[Any]:
+    """A DataLoader yielding ``Batch`` of ``job.batch_size`` for ``rank``'s share of the epoch:
+    positions ``rank, rank + world_size, ...`` of the same (seed, epoch) order the data servers
+    use. ``num_workers`` defaults to the cores available."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    source = source if source is not None else build_dataset(job.dataset)
+    transform = build_transform(job.augmentation, job.dataset.image_size)
+    order = epoch_order(job.seed, epoch, len(source))
+    shard = order[rank::world_size].tolist()
+    workers = num_workers if num_workers is not None else len(os.sched_getaffinity(0))
+    return DataLoader(
+        AugmentedImages(source, transform),
+        batch_size=job.batch_size,
+        sampler=shard,
+        num_workers=workers,
+        collate_fn=collate_batch,
+        # Seeds the workers' augmentation RNGs: the same epoch augments the same way on re-run.
+        generator=torch.Generator().manual_seed(epoch_seed(job.seed, epoch) + rank),
+        persistent_workers=False,
+        pin_memory=False,
+    )

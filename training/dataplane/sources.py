@@ -1,0 +1,188 @@
+"""Batch sources: what a data server streams. ``AugmentingBatchSource`` augments a dataset in a
+pool of worker processes; ``PremadeBatchSource`` hands out the same pre-made pixels (to measure
+the transport alone)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import random
+import threading
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from training.data.augment import AugmentedSamples, augment_samples
+from training.data.datasets import ImageSource, build_dataset
+from training.data.transforms import Transform, build_transform
+from training.spec import DatasetSpec, Recipe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchWork:
+    """One batch to make: dataset ``indices`` in order, with the recipe, crop size and the seed
+    for its random augmentation."""
+
+    indices: tuple[int, ...]
+    recipe: Recipe
+    image_size: int
+    rng_seed: int
+
+
+class BatchSource(Protocol):
+    """What a data server serves. ``submit`` must not block for long: it queues the work."""
+
+    num_samples: int
+    num_classes: int
+    image_size: int
+    default_recipe: Recipe
+    workers: int
+
+    def submit(self, work: BatchWork) -> Future[AugmentedSamples]: ...
+
+    def close(self) -> None: ...
+
+
+def available_cores() -> int:
+    """Cores this process may run on (cgroup/affinity aware)."""
+    return len(os.sched_getaffinity(0))
+
+
+# Worker-side memo: each worker process builds the dataset and transform once per config (the
+# S3 listing, folder scan, timm transform) and reuses them for every later batch.
+@functools.cache
+def _worker_source(spec: DatasetSpec) -> ImageSource:
+    return build_dataset(spec)
+
+
+@functools.cache
+def _worker_transform(recipe: Recipe, image_size: int) -> Transform:
+    return build_transform(recipe, image_size)
+
+
+def _augment_in_worker(spec: DatasetSpec, work: BatchWork, reseed: bool) -> AugmentedSamples:
+    if reseed:
+        # Worker processes own their RNGs: seeding per batch makes a batch's augmentation the
+        # same whichever worker or server makes it.
+        random.seed(work.rng_seed)
+        np.random.seed(work.rng_seed)  # timm's RandAugment picks its ops with np.random
+        torch.manual_seed(work.rng_seed)
+    return augment_samples(
+        _worker_source(spec),
+        _worker_transform(work.recipe, work.image_size),
+        work.indices,
+        work.image_size,
+    )
+
+
+def _init_worker() -> None:
+    # One thread per worker: the pool already has one worker per core.
+    torch.set_num_threads(1)
+
+
+class AugmentingBatchSource:
+    """Augments ``dataset`` on CPU in ``workers`` processes (default: one per core).
+
+    ``processes=False`` runs the same code in threads of this process (small tests, debugging).
+    A worker that dies is replaced: the pool is rebuilt and the batch fails (the stream reports
+    it and the client retries the range).
+    """
+
+    def __init__(
+        self,
+        dataset: DatasetSpec,
+        *,
+        recipe: Recipe = Recipe.STANDARD,
+        workers: int = 0,
+        processes: bool = True,
+        source: ImageSource | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.default_recipe = Recipe(recipe)
+        self.image_size = dataset.image_size
+        self.workers = workers if workers > 0 else available_cores()
+        self._processes = processes
+        # The server process lists the dataset once to learn its size; workers list their own.
+        self._source = source if source is not None else build_dataset(dataset)
+        self.num_samples = len(self._source)
+        self.num_classes = self._source.num_classes
+        self._lock = threading.Lock()
+        self._executor = self._new_executor()
+
+    def _new_executor(self) -> Executor:
+        if not self._processes:
+            return ThreadPoolExecutor(self.workers, thread_name_prefix="augment")
+        # forkserver: the server process runs gRPC threads, which fork() must not copy.
+        ctx = multiprocessing.get_context("forkserver")
+        return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker)
+
+    def submit(self, work: BatchWork) -> Future[AugmentedSamples]:
+        with self._lock:
+            try:
+                if self._processes:
+                    return self._executor.submit(_augment_in_worker, self.dataset, work, True)
+                return self._executor.submit(
+                    augment_samples,
+                    self._source,
+                    _worker_transform(work.recipe, work.image_size),
+                    work.indices,
+                    work.image_size,
+                )
+            except BrokenProcessPool:
+                log.error("an augmentation worker died; starting a new pool")
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = self._new_executor()
+                raise
+
+    def warm_up(self) -> None:
+        """Start every worker and build its dataset and transform now, not on the first request."""
+        n = min(self.num_samples, 1)
+        work = BatchWork(tuple(range(n)), self.default_recipe, self.image_size, 0)
+        for f in [self.submit(work) for _ in range(self.workers)]:
+            f.result()
+
+    def close(self) -> None:
+        with self._lock:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class PremadeBatchSource:
+    """Serves the same random pixels for every batch: the transport without the augmentation."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        image_size: int = 224,
+        max_batch: int = 32,
+        num_classes: int = 1000,
+    ) -> None:
+        self.num_samples = num_samples
+        self.num_classes = num_classes
+        self.image_size = image_size
+        self.default_recipe = Recipe.STANDARD
+        self.workers = 0
+        rng = np.random.default_rng(0)
+        self._pixels = rng.integers(0, 256, (max_batch, 3, image_size, image_size), dtype=np.uint8)
+
+    def submit(self, work: BatchWork) -> Future[AugmentedSamples]:
+        n = len(work.indices)
+        if n > len(self._pixels) or work.image_size != self.image_size:
+            raise ValueError(
+                f"premade batches are at most {len(self._pixels)} x {self.image_size}px"
+            )
+        ids = np.asarray(work.indices, dtype=np.int64)
+        future: Future[AugmentedSamples] = Future()
+        future.set_result(AugmentedSamples(self._pixels[:n], ids % self.num_classes, ids, []))
+        return future
+
+    def close(self) -> None:
+        pass
