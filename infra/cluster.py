@@ -1,0 +1,272 @@
+"""Cluster-wide resources: the placement group, the image, the checkpoint bucket, the log
+group, and the two IAM roles (EC2 instances and SageMaker training jobs)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from training import aws_tags
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The Docker build context: the Dockerfile COPYs pyproject.toml, training/ and cluster.toml."""
+DOCKERFILE = "containers/Dockerfile"
+
+
+class ClusterImage(Construct):
+    """The one container image every instance runs, built from ``containers/Dockerfile``.
+
+    Attributes: ``asset`` (the Docker image asset; ``cdk deploy`` builds and pushes it to the
+    bootstrap ECR repository) and ``image_uri``.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, build_context: Path) -> None:
+        super().__init__(scope, construct_id)
+        dockerfile = build_context / DOCKERFILE
+        if not dockerfile.is_file():
+            raise FileNotFoundError(f"{dockerfile}: the image's Dockerfile is missing")
+        # The repo root is the context (the image installs the project); .dockerignore there
+        # keeps .venv, node_modules and cdk.out out of the staged asset.
+        self.asset = ecr_assets.DockerImageAsset(
+            self,
+            "Asset",
+            directory=str(build_context),
+            file=DOCKERFILE,
+            platform=ecr_assets.Platform.LINUX_AMD64,
+            display_name="hetero launcher image",
+        )
+        self.image_uri: str = self.asset.image_uri
+
+
+class CheckpointBucket(Construct):
+    """The S3 bucket the trainer writes checkpoints to: SSL only, encrypted, versioned, no
+    public access, old versions expire; retained on ``cdk destroy`` unless ``destroy_on_delete``.
+
+    Attributes: ``bucket``, ``prefix`` (key prefix the roles may use) and ``uri``
+    (``s3://bucket/prefix/``).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        destroy_on_delete: bool = False,
+        noncurrent_version_days: int = 30,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.prefix = aws_tags.CHECKPOINT_PREFIX
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-old-checkpoint-versions",
+                    noncurrent_version_expiration=Duration.days(noncurrent_version_days),
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                )
+            ],
+            removal_policy=RemovalPolicy.DESTROY if destroy_on_delete else RemovalPolicy.RETAIN,
+            auto_delete_objects=destroy_on_delete,
+        )
+        self.uri = f"s3://{self.bucket.bucket_name}/{self.prefix}/"
+
+    def grant_checkpoint_access(self, grantee: iam.IGrantable) -> None:
+        """Let ``grantee`` list, read, write and delete objects under the prefix, nothing else."""
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="CheckpointObjects",
+                actions=[
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:DeleteObject",
+                    "s3:AbortMultipartUpload",
+                ],
+                resources=[self.bucket.arn_for_objects(f"{self.prefix}/*")],
+            )
+        )
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="CheckpointListing",
+                actions=["s3:ListBucket"],
+                resources=[self.bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [self.prefix, f"{self.prefix}/*"]}},
+            )
+        )
+
+
+def _allow_put_metrics(role: iam.Role, namespaces: Sequence[str]) -> None:
+    # PutMetricData has no resource-level permissions: Resource must be "*"; the namespace
+    # condition is what scopes it.
+    role.add_to_policy(
+        iam.PolicyStatement(
+            sid="PutMetricsInOwnNamespace",
+            actions=["cloudwatch:PutMetricData"],
+            resources=["*"],
+            conditions={"StringEquals": {"cloudwatch:namespace": list(namespaces)}},
+        )
+    )
+
+
+class InstanceRole(Construct):
+    """The role of every EC2 instance in the cluster, with only what the launcher needs.
+
+    Pull this cluster's image; read/write the checkpoint prefix; write to the cluster's log
+    group and metrics namespace; ``ec2:DescribeInstances`` (peer discovery); scale the cluster's
+    own Auto Scaling groups (by name and by ``hetero:cluster`` tag) at job end; Session Manager.
+
+    Attributes: ``role``.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster_name: str,
+        image: ClusterImage,
+        checkpoints: CheckpointBucket,
+        log_group: logs.ILogGroup,
+        asg_names: Sequence[str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description=f"{cluster_name}: instances of the training cluster (least privilege)",
+            managed_policies=[
+                # Session Manager instead of SSH: the AWS-maintained policy tracks what the SSM
+                # agent needs.
+                iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore"),
+            ],
+        )
+        image.asset.repository.grant_pull(self.role)
+        checkpoints.grant_checkpoint_access(self.role)
+        log_group.grant_write(self.role)
+        _allow_put_metrics(self.role, [aws_tags.METRICS_NAMESPACE])
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="PeerDiscovery",
+                # DescribeInstances supports no resource-level permissions: Resource must be "*".
+                actions=["ec2:DescribeInstances"],
+                resources=["*"],
+            )
+        )
+        asg_arns = [
+            stack.format_arn(
+                service="autoscaling",
+                resource="autoScalingGroup",
+                # The group's UUID is unknown before deploy; the name and the tag pin it down.
+                resource_name=f"*:autoScalingGroupName/{name}",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+            for name in asg_names
+        ]
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ScaleOwnGroupsToZero",
+                actions=["autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity"],
+                resources=asg_arns,
+                conditions={
+                    "StringEquals": {f"aws:ResourceTag/{aws_tags.TAG_CLUSTER}": cluster_name}
+                },
+            )
+        )
+
+
+class SageMakerExecutionRole(Construct):
+    """The execution role for this cluster's SageMaker heterogeneous training jobs: pull the
+    image, use the checkpoint prefix, write training-job logs and metrics, and create the
+    network interfaces SageMaker puts into the cluster subnet.
+
+    Attributes: ``role``.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster_name: str,
+        image: ClusterImage,
+        checkpoints: CheckpointBucket,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description=f"{cluster_name}: SageMaker training jobs of the cluster",
+        )
+        image.asset.repository.grant_pull(self.role)
+        checkpoints.grant_checkpoint_access(self.role)
+        training_logs = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name="/aws/sagemaker/TrainingJobs:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="TrainingJobLogs",
+                actions=[
+                    "logs:CreateLogGroup",
+                    "logs:CreateLogStream",
+                    "logs:PutLogEvents",
+                    "logs:DescribeLogStreams",
+                ],
+                resources=[training_logs],
+            )
+        )
+        _allow_put_metrics(self.role, [aws_tags.METRICS_NAMESPACE, "/aws/sagemaker/TrainingJobs"])
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="VpcNetworkInterfaces",
+                # What SageMaker needs to place a job in a VPC subnet; these EC2 actions support
+                # no resource-level permissions when called by SageMaker: Resource must be "*".
+                actions=[
+                    "ec2:CreateNetworkInterface",
+                    "ec2:CreateNetworkInterfacePermission",
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:DeleteNetworkInterfacePermission",
+                    "ec2:DescribeNetworkInterfaces",
+                    "ec2:DescribeVpcs",
+                    "ec2:DescribeDhcpOptions",
+                    "ec2:DescribeSubnets",
+                    "ec2:DescribeSecurityGroups",
+                ],
+                resources=["*"],
+            )
+        )
+
+
+class ClusterPlacement(Construct):
+    """A cluster placement group: every instance of the job in one high-bisection segment.
+
+    Attributes: ``placement_group``.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str) -> None:
+        super().__init__(scope, construct_id)
+        self.placement_group = ec2.PlacementGroup(
+            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+        )

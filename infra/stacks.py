@@ -1,0 +1,186 @@
+"""The two stacks of a cluster, one per lifecycle.
+
+``NetworkStack`` (VPC, endpoints, security groups) changes rarely and costs little while idle;
+``ClusterStack`` (image, roles, bucket, one fleet per instance group) is what each job changes.
+Splitting them lets a new job redeploy the cluster without touching the network, and lets
+``cdk destroy`` of a job leave nothing but what the user asked to keep.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra.cluster import (
+    REPO_ROOT,
+    CheckpointBucket,
+    ClusterImage,
+    ClusterPlacement,
+    InstanceRole,
+    SageMakerExecutionRole,
+)
+from infra.instance_group import InstanceGroupFleet
+from infra.network import ClusterNetwork
+from training import aws_tags
+from training.spec import ClusterSpec
+
+logger = logging.getLogger(__name__)
+
+
+class NetworkStack(cdk.Stack):
+    """VPC, endpoints and security groups of one cluster. Attribute: ``network``."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, spec: ClusterSpec) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            description=f"{spec.name}: network of the heterogeneous training cluster",
+        )
+        self.network = ClusterNetwork(
+            self, "Network", availability_zone_index=spec.availability_zone_index
+        )
+        cdk.Tags.of(self).add(aws_tags.TAG_CLUSTER, spec.name)
+
+
+class ClusterStack(cdk.Stack):
+    """Everything one job runs on: placement group, image, bucket, logs, roles and a fleet per
+    instance group. Attributes: ``placement``, ``image``, ``checkpoints``, ``log_group``,
+    ``instance_role``, ``sagemaker_role``, ``fleets`` (by group name)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        spec: ClusterSpec,
+        spec_text: str,
+        network: ClusterNetwork,
+        build_context: Path = REPO_ROOT,
+        destroy_checkpoints: bool = False,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            description=f"{spec.name}: heterogeneous Spot training cluster (starts the job)",
+        )
+        cdk.Tags.of(self).add(aws_tags.TAG_CLUSTER, spec.name)
+        asg_names = [aws_tags.asg_name(spec.name, g.name) for g in spec.groups]
+
+        self.placement = ClusterPlacement(self, "Placement")
+        self.image = ClusterImage(self, "Image", build_context=build_context)
+        self.checkpoints = CheckpointBucket(
+            self, "Checkpoints", destroy_on_delete=destroy_checkpoints
+        )
+        self.log_group = logs.LogGroup(
+            self,
+            "ContainerLogs",
+            log_group_name=f"/hetero/{spec.name}",
+            retention=logs.RetentionDays.THREE_MONTHS,
+            # Logs of a finished job stay readable after destroy unless checkpoints go too.
+            removal_policy=(
+                cdk.RemovalPolicy.DESTROY if destroy_checkpoints else cdk.RemovalPolicy.RETAIN
+            ),
+        )
+        self.instance_role = InstanceRole(
+            self,
+            "InstanceRole",
+            cluster_name=spec.name,
+            image=self.image,
+            checkpoints=self.checkpoints,
+            log_group=self.log_group,
+            asg_names=asg_names,
+        )
+        self.sagemaker_role = SageMakerExecutionRole(
+            self,
+            "SageMakerRole",
+            cluster_name=spec.name,
+            image=self.image,
+            checkpoints=self.checkpoints,
+        )
+        self.fleets: dict[str, InstanceGroupFleet] = {}
+        for group in spec.groups:
+            self.fleets[group.name] = InstanceGroupFleet(
+                self,
+                f"Group-{group.name}",
+                spec=spec,
+                group=group,
+                spec_text=spec_text,
+                vpc=network.vpc,
+                subnet=network.subnet,
+                security_group=network.cluster_security_group,
+                placement_group=self.placement.placement_group,
+                role=self.instance_role.role,
+                image_uri=self.image.image_uri,
+                log_group=self.log_group,
+                checkpoint_uri=self.checkpoints.uri,
+                asg_names=asg_names,
+            )
+
+        outputs = {
+            "ImageUri": (self.image.image_uri, "container image every instance runs"),
+            "CheckpointBucketName": (self.checkpoints.bucket.bucket_name, "checkpoint bucket"),
+            "CheckpointUri": (self.checkpoints.uri, "where the trainer writes checkpoints"),
+            "LogGroupName": (self.log_group.log_group_name, "container logs of every instance"),
+            "AutoScalingGroupNames": (",".join(asg_names), "Auto Scaling groups, one per group"),
+            "InstanceGroupNames": (
+                ",".join(g.name for g in spec.groups),
+                "instance groups (also SageMaker instance group names)",
+            ),
+            "InstanceRoleArn": (self.instance_role.role.role_arn, "role of the EC2 instances"),
+            "SageMakerRoleArn": (
+                self.sagemaker_role.role.role_arn,
+                "execution role for SageMaker training jobs",
+            ),
+            "SubnetId": (network.subnet.subnet_id, "the cluster's subnet (one AZ)"),
+            "SecurityGroupId": (
+                network.cluster_security_group.security_group_id,
+                "the cluster security group",
+            ),
+            "PlacementGroupName": (
+                self.placement.placement_group.placement_group_name,
+                "the cluster placement group",
+            ),
+        }
+        for key, (value, description) in outputs.items():
+            cdk.CfnOutput(self, key, value=value, description=description)
+
+
+@dataclass(frozen=True)
+class ClusterApp:
+    """The stacks built for one spec."""
+
+    network: NetworkStack
+    cluster: ClusterStack
+
+
+def create_stacks(
+    app: Construct,
+    *,
+    spec: ClusterSpec,
+    spec_text: str,
+    build_context: Path = REPO_ROOT,
+    destroy_checkpoints: bool = False,
+) -> ClusterApp:
+    """Build the network and cluster stacks for ``spec`` (named ``<spec.name>-network`` and
+    ``<spec.name>-cluster``) and run cdk-nag's AWS Solutions checks on them at synth."""
+    # Imported here so the stacks module does not depend on the nag wiring at import time.
+    from infra.nag import acknowledge_findings
+
+    network = NetworkStack(app, f"{spec.name}-network", spec=spec)
+    cluster = ClusterStack(
+        app,
+        f"{spec.name}-cluster",
+        spec=spec,
+        spec_text=spec_text,
+        network=network.network,
+        build_context=build_context,
+        destroy_checkpoints=destroy_checkpoints,
+    )
+    cluster.add_stack_dependency(network)
+    acknowledge_findings(network=network, cluster=cluster)
+    return ClusterApp(network=network, cluster=cluster)

@@ -1,0 +1,112 @@
+"""Helpers for the infrastructure tests: specs written by the tests and a builder of both
+stacks (test modules build each app once, module-scoped: a CDK app costs seconds on 2 cores).
+
+A plain module rather than conftest.py: tests/infra has no __init__.py (a package named
+``infra`` would shadow the real one) and a second top-level ``conftest`` would clash."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk.assertions import Template
+
+from infra.stacks import ClusterApp, create_stacks
+from training.spec import load_spec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Two trainer types (Spot, no EFA: g5/g6 xlarge) and one dataprep type.
+SPOT_SPEC = """
+name = "vit-spot"
+availability_zone_index = 1
+
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge", "g6.xlarge"]
+count = 2
+market = "spot"
+
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 1
+market = "spot"
+efa = "off"
+
+[job]
+steps = 100
+"""
+
+# EFA everywhere: p4d has 4 EFA network cards, c5n.18xlarge one; trainers On-Demand.
+EFA_SPEC = """
+name = "vit-efa"
+
+[[groups]]
+name = "gpu"
+role = "trainer"
+instance_types = ["p4d.24xlarge"]
+count = 2
+market = "on-demand"
+efa = "on"
+
+[[groups]]
+name = "cpu"
+role = "dataprep"
+instance_types = ["c5n.18xlarge"]
+count = 2
+market = "spot"
+efa = "auto"
+
+[job]
+steps = 100
+"""
+
+# EFA required on a type that has none: must stop synth with the spec's message.
+BAD_EFA_SPEC = """
+name = "vit-bad"
+
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 1
+efa = "on"
+"""
+
+
+def cdk_context() -> dict[str, object]:
+    """The context ``npx cdk`` would pass (feature flags from cdk.json)."""
+    data = json.loads((REPO_ROOT / "cdk.json").read_text())
+    return dict(data["context"])
+
+
+@dataclass
+class BuiltApp:
+    app: cdk.App
+    stacks: ClusterApp
+    network: Template
+    cluster: Template
+
+
+def build(tmp: Path, spec_text: str, *, destroy_checkpoints: bool = False) -> BuiltApp:
+    """Write ``spec_text``, load it and build both stacks in a fresh app."""
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    path = tmp / "cluster.toml"
+    path.write_text(spec_text)
+    spec = load_spec(path)
+    app = cdk.App(outdir=str(tmp / "cdk.out"), context=cdk_context())
+    stacks = create_stacks(
+        app, spec=spec, spec_text=spec_text, destroy_checkpoints=destroy_checkpoints
+    )
+    return BuiltApp(
+        app=app,
+        stacks=stacks,
+        network=Template.from_stack(stacks.network),
+        cluster=Template.from_stack(stacks.cluster),
+    )

@@ -1,0 +1,386 @@
+"""The cluster stack: placement group, image, bucket, roles, and one fleet per instance group."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk.assertions import Match
+from infra_support import EFA_SPEC, SPOT_SPEC, BuiltApp, build
+
+from infra.instance_group import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
+from training import aws_tags
+
+# Actions that support no resource-level permissions (AWS requires Resource "*").
+STAR_ONLY_ACTIONS = {
+    "ecr:GetAuthorizationToken",
+    "ec2:DescribeInstances",
+    "cloudwatch:PutMetricData",
+    "ec2:CreateNetworkInterface",
+    "ec2:CreateNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DeleteNetworkInterfacePermission",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVpcs",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+}
+
+
+@pytest.fixture(scope="module")
+def spot(tmp_path_factory: pytest.TempPathFactory) -> BuiltApp:
+    return build(tmp_path_factory.mktemp("spot"), SPOT_SPEC)
+
+
+@pytest.fixture(scope="module")
+def efa(tmp_path_factory: pytest.TempPathFactory) -> BuiltApp:
+    return build(tmp_path_factory.mktemp("efa"), EFA_SPEC)
+
+
+def _launch_template_data(built: BuiltApp, group: str) -> dict[str, Any]:
+    fleet = built.stacks.cluster.fleets[group]
+    cfn = fleet.launch_template.node.default_child
+    assert isinstance(cfn, cdk.CfnResource)
+    lid = built.stacks.cluster.get_logical_id(cfn)
+    res = built.cluster.find_resources("AWS::EC2::LaunchTemplate")[lid]
+    return dict(res["Properties"]["LaunchTemplateData"])
+
+
+def _asg(built: BuiltApp, group: str) -> dict[str, Any]:
+    name = aws_tags.asg_name(built.stacks.cluster.stack_name.removesuffix("-cluster"), group)
+    found = built.cluster.find_resources(
+        "AWS::AutoScaling::AutoScalingGroup", {"Properties": {"AutoScalingGroupName": name}}
+    )
+    assert len(found) == 1, f"no Auto Scaling group named {name}"
+    return dict(next(iter(found.values()))["Properties"])
+
+
+def _user_data(built: BuiltApp, group: str) -> str:
+    raw = _launch_template_data(built, group)["UserData"]["Fn::Base64"]
+    if isinstance(raw, str):
+        return raw
+    # Fn::Join of literal pieces and tokens (image URI, region): keep the literals.
+    return "".join(p if isinstance(p, str) else json.dumps(p) for p in raw["Fn::Join"][1])
+
+
+def _ssm_parameter_default(built: BuiltApp, image_id: dict[str, str]) -> str:
+    params = built.cluster.to_json()["Parameters"]
+    param = params[image_id["Ref"]]
+    assert param["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    return str(param["Default"])
+
+
+# ----------------------------------------------------------------------------- placement
+
+
+def test_one_cluster_placement_group_used_by_every_group(spot: BuiltApp, efa: BuiltApp) -> None:
+    for built in (spot, efa):
+        pgs = built.cluster.find_resources("AWS::EC2::PlacementGroup")
+        assert [r["Properties"]["Strategy"] for r in pgs.values()] == ["cluster"]
+        pg_ref = {"Fn::GetAtt": [next(iter(pgs)), "GroupName"]}
+        for group in built.stacks.cluster.fleets:
+            placement = _launch_template_data(built, group)["Placement"]
+            assert placement == {"GroupName": pg_ref}, group
+
+
+def test_groups_launch_in_the_one_cluster_subnet(spot: BuiltApp) -> None:
+    for group in ("trainer", "dataprep"):
+        subnets = _asg(spot, group)["VPCZoneIdentifier"]
+        assert len(subnets) == 1
+        assert "Fn::ImportValue" in subnets[0]  # the network stack's only subnet
+
+
+# ----------------------------------------------------------------------------- launch template
+
+
+def test_launch_templates_require_imdsv2_and_expose_tags(spot: BuiltApp, efa: BuiltApp) -> None:
+    for built in (spot, efa):
+        for group in built.stacks.cluster.fleets:
+            meta = _launch_template_data(built, group)["MetadataOptions"]
+            assert meta["HttpTokens"] == "required", group
+            assert meta["InstanceMetadataTags"] == "enabled", group
+
+
+def test_root_volume_encrypted_and_sized_by_role(spot: BuiltApp) -> None:
+    sizes = {}
+    for group in ("trainer", "dataprep"):
+        mappings = _launch_template_data(spot, group)["BlockDeviceMappings"]
+        assert len(mappings) == 1
+        ebs = mappings[0]["Ebs"]
+        assert ebs["Encrypted"] is True
+        assert ebs["VolumeType"] == "gp3"
+        sizes[group] = ebs["VolumeSize"]
+    assert sizes["trainer"] >= 100 and sizes["dataprep"] >= 50
+
+
+def test_amis_come_from_public_ssm_parameters(spot: BuiltApp) -> None:
+    trainer = _launch_template_data(spot, "trainer")["ImageId"]
+    dataprep = _launch_template_data(spot, "dataprep")["ImageId"]
+    assert _ssm_parameter_default(spot, trainer) == TRAINER_AMI_PARAMETER
+    assert _ssm_parameter_default(spot, dataprep) == DATAPREP_AMI_PARAMETER
+    assert "gpu" in TRAINER_AMI_PARAMETER
+
+
+def test_non_efa_groups_carry_the_cluster_security_group(spot: BuiltApp) -> None:
+    for group in ("trainer", "dataprep"):
+        data = _launch_template_data(spot, group)
+        assert "NetworkInterfaces" not in data
+        assert len(data["SecurityGroupIds"]) == 1
+        assert "Fn::ImportValue" in data["SecurityGroupIds"][0]
+
+
+def test_efa_interfaces_one_per_network_card_and_no_top_level_groups(efa: BuiltApp) -> None:
+    for group, cards in (("gpu", 4), ("cpu", 1)):
+        data = _launch_template_data(efa, group)
+        assert "SecurityGroupIds" not in data, "EC2 refuses top-level groups with interfaces"
+        assert "SecurityGroups" not in data
+        nics = data["NetworkInterfaces"]
+        assert len(nics) == cards
+        for card, nic in enumerate(nics):
+            assert nic["InterfaceType"] == "efa"
+            assert nic["NetworkCardIndex"] == card
+            assert nic["DeviceIndex"] == (0 if card == 0 else 1)
+            assert len(nic["Groups"]) == 1 and "Fn::ImportValue" in nic["Groups"][0]
+            assert "SubnetId" not in nic  # the Auto Scaling group chooses the subnet
+
+
+def test_user_data_pulls_the_image_and_runs_the_launcher_as_the_group(spot: BuiltApp) -> None:
+    for group, gpu in (("trainer", True), ("dataprep", False)):
+        script = _user_data(spot, group)
+        assert "aws ecr get-login-password" in script and "docker login" in script
+        assert 'docker pull "$IMAGE"' in script
+        assert f"launch --spec {aws_tags.DEPLOYED_SPEC_PATH} --group {group}" in script
+        for env in (
+            aws_tags.ENV_SPEC,
+            aws_tags.ENV_GROUP,
+            aws_tags.ENV_CLUSTER,
+            aws_tags.ENV_CHECKPOINT_URI,
+            aws_tags.ENV_ASG_NAMES,
+            aws_tags.ENV_REGION,
+        ):
+            assert f"-e {env}=" in script, env
+        assert f"-e {aws_tags.ENV_GROUP}={group} " in script
+        assert f"-e {aws_tags.ENV_ASG_NAMES}=vit-spot-trainer,vit-spot-dataprep" in script
+        assert "--log-driver awslogs" in script and "--log-opt awslogs-group=" in script
+        assert ("--gpus all" in script) is gpu
+        assert "--network host" in script
+
+
+def test_user_data_carries_the_deployed_spec(spot: BuiltApp) -> None:
+    script = _user_data(spot, "trainer")
+    encoded = base64.b64encode(SPOT_SPEC.encode()).decode()
+    assert f"echo {encoded} | base64 -d > /opt/hetero/deployed/cluster.toml" in script
+
+
+# ----------------------------------------------------------------------------- Auto Scaling
+
+
+def test_spot_groups_use_price_capacity_optimized_over_ordered_types(spot: BuiltApp) -> None:
+    for group, types in (("trainer", ["g5.xlarge", "g6.xlarge"]), ("dataprep", ["c6i.4xlarge"])):
+        asg = _asg(spot, group)
+        policy = asg["MixedInstancesPolicy"]
+        dist = policy["InstancesDistribution"]
+        assert dist["SpotAllocationStrategy"] == "price-capacity-optimized"
+        assert dist["OnDemandPercentageAboveBaseCapacity"] == 0
+        assert dist["OnDemandBaseCapacity"] == 0
+        overrides = policy["LaunchTemplate"]["Overrides"]
+        assert [o["InstanceType"] for o in overrides] == types
+        assert asg["CapacityRebalance"] is True
+
+
+def test_on_demand_group_is_all_on_demand_in_order(efa: BuiltApp) -> None:
+    asg = _asg(efa, "gpu")
+    dist = asg["MixedInstancesPolicy"]["InstancesDistribution"]
+    assert dist["OnDemandPercentageAboveBaseCapacity"] == 100
+    assert dist["OnDemandAllocationStrategy"] == "prioritized"
+    assert asg.get("CapacityRebalance") in (None, False)
+
+
+def test_desired_capacity_is_the_spec_count(spot: BuiltApp, efa: BuiltApp) -> None:
+    for built, group, count in ((spot, "trainer", 2), (spot, "dataprep", 1), (efa, "gpu", 2)):
+        asg = _asg(built, group)
+        assert (asg["DesiredCapacity"], asg["MaxSize"], asg["MinSize"]) == (
+            str(count),
+            str(count),
+            "0",
+        )
+
+
+def test_group_tags_propagate_to_instances(spot: BuiltApp) -> None:
+    asg = _asg(spot, "dataprep")
+    tags = {t["Key"]: (t["Value"], t["PropagateAtLaunch"]) for t in asg["Tags"]}
+    assert tags[aws_tags.TAG_CLUSTER] == ("vit-spot", True)
+    assert tags[aws_tags.TAG_GROUP] == ("dataprep", True)
+    assert tags[aws_tags.TAG_ROLE] == ("dataprep", True)
+
+
+# ----------------------------------------------------------------------------- bucket
+
+
+def test_checkpoint_bucket_is_encrypted_versioned_private_and_retained(spot: BuiltApp) -> None:
+    buckets = spot.cluster.find_resources("AWS::S3::Bucket")
+    assert len(buckets) == 1
+    bucket = next(iter(buckets.values()))
+    props = bucket["Properties"]
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
+        "ServerSideEncryptionByDefault"
+    ] == {"SSEAlgorithm": "AES256"}
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert props["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    rules = props["LifecycleConfiguration"]["Rules"]
+    assert any(r.get("NoncurrentVersionExpiration", {}).get("NoncurrentDays") for r in rules)
+    assert bucket["DeletionPolicy"] == "Retain"
+    assert bucket["UpdateReplacePolicy"] == "Retain"
+    spot.cluster.resource_count_is("Custom::S3AutoDeleteObjects", 0)
+
+
+def test_bucket_policy_denies_requests_without_ssl(spot: BuiltApp) -> None:
+    spot.cluster.has_resource_properties(
+        "AWS::S3::BucketPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Effect": "Deny",
+                                "Action": "s3:*",
+                                "Principal": {"AWS": "*"},
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
+
+
+def test_destroy_checkpoints_opt_out_deletes_the_bucket(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    built = build(tmp_path_factory.mktemp("destroy"), SPOT_SPEC, destroy_checkpoints=True)
+    bucket = next(iter(built.cluster.find_resources("AWS::S3::Bucket").values()))
+    assert bucket["DeletionPolicy"] == "Delete"
+    built.cluster.resource_count_is("Custom::S3AutoDeleteObjects", 1)
+
+
+# ----------------------------------------------------------------------------- IAM
+
+
+def _policy_statements(built: BuiltApp, role_attr: str) -> list[dict[str, Any]]:
+    role = getattr(built.stacks.cluster, role_attr).role
+    role_lid = built.stacks.cluster.get_logical_id(role.node.default_child)
+    statements: list[dict[str, Any]] = []
+    for res in built.cluster.find_resources("AWS::IAM::Policy").values():
+        if {"Ref": role_lid} in res["Properties"]["Roles"]:
+            statements += res["Properties"]["PolicyDocument"]["Statement"]
+    assert statements, f"no policy attached to {role_attr}"
+    return statements
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+@pytest.mark.parametrize("role_attr", ["instance_role", "sagemaker_role"])
+def test_star_resources_only_for_actions_without_resource_permissions(
+    spot: BuiltApp, role_attr: str
+) -> None:
+    for statement in _policy_statements(spot, role_attr):
+        if "*" in _as_list(statement["Resource"]):
+            actions = set(_as_list(statement["Action"]))
+            assert actions <= STAR_ONLY_ACTIONS, statement
+
+
+def test_instance_role_scope(spot: BuiltApp) -> None:
+    statements = _policy_statements(spot, "instance_role")
+    by_action: dict[str, dict[str, Any]] = {}
+    for s in statements:
+        for a in _as_list(s["Action"]):
+            by_action[a] = s
+    # Checkpoints: objects under the prefix only; listing conditioned on the prefix.
+    put = by_action["s3:PutObject"]
+    assert json.dumps(put["Resource"]).endswith(f'"/{aws_tags.CHECKPOINT_PREFIX}/*"]]}}')
+    assert "s3:DeleteBucket" not in by_action and "s3:*" not in by_action
+    listing = by_action["s3:ListBucket"]
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == [
+        aws_tags.CHECKPOINT_PREFIX,
+        f"{aws_tags.CHECKPOINT_PREFIX}/*",
+    ]
+    # Scaling: only this cluster's groups, by name and by tag.
+    scale = by_action["autoscaling:UpdateAutoScalingGroup"]
+    names = {json.dumps(r).rsplit("/", 1)[-1].rstrip('"]}') for r in _as_list(scale["Resource"])}
+    assert names == {"vit-spot-trainer", "vit-spot-dataprep"}
+    assert scale["Condition"] == {
+        "StringEquals": {f"aws:ResourceTag/{aws_tags.TAG_CLUSTER}": "vit-spot"}
+    }
+    # Metrics only in the project's namespace; peer discovery; image pull; logs.
+    metrics = by_action["cloudwatch:PutMetricData"]
+    assert metrics["Condition"] == {
+        "StringEquals": {"cloudwatch:namespace": [aws_tags.METRICS_NAMESPACE]}
+    }
+    assert by_action["ec2:DescribeInstances"]["Resource"] == "*"
+    assert "ecr:BatchGetImage" in by_action
+    assert "logs:PutLogEvents" in by_action
+    # No broad write to EC2 or IAM.
+    assert not any(a.startswith(("iam:", "ec2:Run", "ec2:Terminate")) for a in by_action)
+
+
+def test_roles_trust_their_services(spot: BuiltApp) -> None:
+    for service in ("ec2.amazonaws.com", "sagemaker.amazonaws.com"):
+        spot.cluster.has_resource_properties(
+            "AWS::IAM::Role",
+            {
+                "AssumeRolePolicyDocument": {
+                    "Statement": [
+                        Match.object_like(
+                            {"Action": "sts:AssumeRole", "Principal": {"Service": service}}
+                        )
+                    ]
+                }
+            },
+        )
+
+
+# ----------------------------------------------------------------------------- image, outputs
+
+
+def test_image_is_a_docker_asset_from_containers(spot: BuiltApp) -> None:
+    asset = spot.stacks.cluster.image.asset
+    assert asset.image_uri  # a token resolved at deploy time
+    assembly = spot.app.synth()
+    assets_file = Path(assembly.directory) / f"{spot.stacks.cluster.artifact_id}.assets.json"
+    assets = json.loads(assets_file.read_text())
+    (image,) = assets["dockerImages"].values()
+    assert image["source"]["dockerFile"] == "containers/Dockerfile"
+    assert image["source"]["platform"] == "linux/amd64"
+
+
+def test_outputs_for_users_and_the_sagemaker_backend(spot: BuiltApp) -> None:
+    outputs = spot.cluster.to_json()["Outputs"]
+    for key in (
+        "ImageUri",
+        "CheckpointBucketName",
+        "CheckpointUri",
+        "LogGroupName",
+        "AutoScalingGroupNames",
+        "InstanceGroupNames",
+        "InstanceRoleArn",
+        "SageMakerRoleArn",
+        "SubnetId",
+        "SecurityGroupId",
+        "PlacementGroupName",
+    ):
+        assert key in outputs, key
+    assert outputs["AutoScalingGroupNames"]["Value"] == "vit-spot-trainer,vit-spot-dataprep"

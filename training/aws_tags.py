@@ -1,0 +1,46 @@
+"""Names shared by the CDK stacks (``infra/``) and the launcher that runs on the instances.
+
+The stacks tag every instance and pass these environment variables to ``docker run``; the
+launcher reads them back. Keeping the names in one module means the two sides cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+TAG_CLUSTER: Final = "hetero:cluster"
+"""Instance (and Auto Scaling group) tag: the spec's ``name``. Peers are found by this tag."""
+TAG_GROUP: Final = "hetero:group"
+"""Instance (and Auto Scaling group) tag: the instance group's ``name`` in the spec."""
+TAG_ROLE: Final = "hetero:role"
+"""Instance (and Auto Scaling group) tag: the group's role, ``trainer`` or ``dataprep``."""
+
+ENV_SPEC: Final = "HETERO_SPEC"
+"""Path, inside the container, of the cluster spec the stack was deployed with."""
+ENV_CLUSTER: Final = "HETERO_CLUSTER"
+"""The spec's ``name`` (same value as the ``hetero:cluster`` tag)."""
+ENV_GROUP: Final = "HETERO_GROUP"
+"""The instance group this instance belongs to (same value as the ``hetero:group`` tag)."""
+ENV_CHECKPOINT_URI: Final = "HETERO_CHECKPOINT_URI"
+"""``s3://bucket/prefix/``: where the trainer writes checkpoints (wins over the spec's
+``job.checkpoint.dir``)."""
+ENV_ASG_NAMES: Final = "HETERO_ASG_NAMES"
+"""Comma-separated Auto Scaling group names of the cluster: scaled to zero at job end."""
+ENV_REGION: Final = "AWS_DEFAULT_REGION"
+"""The region (boto3 reads this variable)."""
+
+BAKED_SPEC_PATH: Final = "/opt/hetero/cluster.toml"
+"""Where the image holds the spec it was built with (used when ``HETERO_SPEC`` is unset)."""
+DEPLOYED_SPEC_PATH: Final = "/opt/hetero/deployed/cluster.toml"
+"""Where the stack mounts the spec it was deployed with (``HETERO_SPEC`` points here on EC2)."""
+
+CHECKPOINT_PREFIX: Final = "checkpoints"
+"""Key prefix under the checkpoint bucket; the instance role may write only below it."""
+METRICS_NAMESPACE: Final = "hetero"
+"""CloudWatch metrics namespace; the instance role may put metrics only into it."""
+
+
+def asg_name(cluster: str, group: str) -> str:
+    """The Auto Scaling group name of ``group`` in cluster ``cluster`` (stable, so IAM can
+    name it and the launcher can scale it without a lookup)."""
+    return f"{cluster}-{group}"
