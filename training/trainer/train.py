@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import resource
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from training.data import Batch
@@ -111,6 +113,7 @@ class Trainer:
         self._mean, self._std = mean, std
         self.step = 0
         self.restored: Restored | None = None
+        self.state_bytes: dict[str, int] = {}
         self.metrics = MetricsLogger(
             config.run_dir, self._facts(), rank=self.rank, device=self.device
         )
@@ -212,6 +215,8 @@ class Trainer:
                 stopped_by = "epochs"
                 break
             self.optimizer.step()
+            if self.step == start_step:
+                self.state_bytes = local_state_bytes(self.model, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             interval.steps += 1
@@ -238,6 +243,13 @@ class Trainer:
         if self.step != last_saved:
             self._save()
         job_done = stopped_by in ("steps", "epochs")
+        memory = {**self.state_bytes, "peak_rss_bytes": peak_rss_bytes()}
+        if self.device.type == "cuda":
+            memory["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        per_rank: list[Any] = [memory]
+        if self.world_size > 1:
+            per_rank = [None] * self.world_size
+            dist.all_gather_object(per_rank, memory)
         summary = self.metrics.finish(
             {
                 "stopped_by": stopped_by,
@@ -248,6 +260,7 @@ class Trainer:
                 "strategy": str(self.dims.strategy),
                 "mesh": [self.dims.replicate, self.dims.shard],
                 "cluster_usd_per_hour": self.config.spec.usd_per_hour(),
+                "memory_per_rank": per_rank,
             }
         )
         self.summary = summary
@@ -298,3 +311,30 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds for ``t`` (its shard, for an FSDP DTensor)."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameter, gradient and optimizer-state bytes held by this rank, from the tensors."""
+    params = grads = 0
+    for p in model.parameters():
+        params += _local_bytes(p)
+        if p.grad is not None:
+            grads += _local_bytes(p.grad)
+    optim = sum(
+        _local_bytes(v)
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor) and v.numel() > 1
+    )
+    return {"param_bytes": params, "grad_bytes": grads, "optimizer_bytes": optim}
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,1 @@
+"""Benchmarks, one command each: ``python -m benchmarks NAME [options]``."""

@@ -1,0 +1,51 @@
+"""``python -m benchmarks [NAME [options]]``: run one benchmark, or list them.
+
+Each module exposes ``main(argv) -> int``, prints a table and writes
+``benchmarks/results/<name>.json`` with the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line description)
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "dataplane": (
+        "benchmarks.dataplane",
+        "gRPC transport images/s vs plain socket; receive vs augmentation CPU",
+    ),
+    "trainer_overhead": (
+        "benchmarks.trainer_overhead",
+        "trainer loop vs bare timm+torch loop, same model/batch (target >= 0.97)",
+    ),
+    "trainer_gpu": (
+        "benchmarks.trainer_gpu",
+        "ViT-B/16 bf16 samples/s and MFU (--device cpu: smoke)",
+    ),
+    "trainer_memory": (
+        "benchmarks.trainer_memory",
+        "memory per rank, hsdp vs ddp, 4 CPU processes",
+    ),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "list"):
+        print("usage: python -m benchmarks NAME [options]\n\nbenchmarks:")
+        for name, (_, text) in BENCHMARKS.items():
+            print(f"  {name:<20} {text}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in BENCHMARKS:
+        valid = ", ".join(BENCHMARKS)
+        print(f"unknown benchmark {name!r}; choose one of: {valid}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[name][0])
+    return int(module.main(rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The trainer benchmarks run end to end in their smoke modes and write their results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "benchmarks", "trainer_gpu", "--device", "cpu", "--steps", "2",
+        "--model", "vit-cpu-tiny", "--image-size", "32", "--batch-size", "4",
+    ]  # fmt: skip
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "trainer_gpu_cpu_smoke.json").read_text())
+    assert result["device"] == "cpu" and result["samples_per_s"] > 0
+    assert result["mfu"] is None  # No peak-FLOPs figure for a CPU.
+    assert result["machine"]["cpu_cores"] >= 1
