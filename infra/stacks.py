@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
@@ -28,6 +29,9 @@ from infra.instance_group import InstanceGroupFleet
 from infra.network import ClusterNetwork
 from training import aws_tags
 from training.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from infra.nag import NagAcknowledgment
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +160,8 @@ class ClusterApp:
 
     network: NetworkStack
     cluster: ClusterStack
+    acknowledgments: list[NagAcknowledgment]
+    """The cdk-nag findings accepted on these stacks, each with its reason."""
 
 
 def create_stacks(
@@ -182,5 +188,5 @@ def create_stacks(
         destroy_checkpoints=destroy_checkpoints,
     )
     cluster.add_stack_dependency(network)
-    acknowledge_findings(network=network, cluster=cluster)
-    return ClusterApp(network=network, cluster=cluster)
+    acks = acknowledge_findings(network=network, cluster=cluster)
+    return ClusterApp(network=network, cluster=cluster, acknowledgments=acks)
