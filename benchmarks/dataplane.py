@@ -1,0 +1,277 @@
+"""``python -m benchmarks dataplane``: data-plane transport and trainer-side receive cost.
+
+Side by side, in one run on this machine:
+1. transport: pre-made uint8 batches from one data server (a child process) to the real
+   ``DataPlaneClient`` on loopback: images/s and GB/s; and a plain Python TCP socket moving the
+   same message size between the same two kinds of process: GB/s and the ratio;
+2. receive cost: CPU-seconds per 1,000 images spent by the client process while receiving,
+   divided by CPU-seconds per 1,000 images for the standard augmentation done locally (decode a
+   JPEG, RandomResizedCrop to 224, flip), one thread.
+Prints a table and writes ``benchmarks/results/dataplane.json`` with the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "dataplane.json"
+
+
+def _machine() -> dict[str, Any]:
+    import grpc
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "grpc": grpc.__version__,
+        "platform": platform.platform(),
+    }
+
+
+# ---- child processes ------------------------------------------------------------------------
+
+
+def _serve_premade(batch: int, size: int, num_samples: int) -> int:
+    from training.dataplane.server import create_server
+    from training.dataplane.sources import PremadeBatchSource
+
+    source = PremadeBatchSource(num_samples, image_size=size, max_batch=batch)
+    server, port = create_server(source, port=0)
+    print(f"port {port}", flush=True)
+    server.wait_for_termination()
+    return 0
+
+
+def _socket_send(port: int, message_bytes: int, seconds: float) -> int:
+    payload = os.urandom(message_bytes)
+    header = struct.pack("!Q", message_bytes)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            s.sendall(header)
+            s.sendall(payload)
+    return 0
+
+
+def _child(args: list[str]) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "benchmarks.dataplane", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+# ---- measurements ---------------------------------------------------------------------------
+
+
+def measure_socket(message_bytes: int, seconds: float) -> dict[str, float]:
+    """GB/s a plain TCP socket moves between two Python processes, one message per recv loop
+    into a fresh buffer (what any receiver must at least do)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        sender = _child(["--socket-send", str(port), str(message_bytes), str(seconds)])
+        conn, _ = listener.accept()
+        received = messages = 0
+        start = time.perf_counter()
+        with conn:
+            header = bytearray(8)
+            while True:
+                if not _recv_exact(conn, memoryview(header)):
+                    break
+                (length,) = struct.unpack("!Q", header)
+                buf = bytearray(length)
+                if not _recv_exact(conn, memoryview(buf)):
+                    break
+                received += length
+                messages += 1
+        elapsed = time.perf_counter() - start
+        sender.wait()
+    return {"gb_per_s": received / elapsed / 1e9, "messages": messages}
+
+
+def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+def measure_transport(
+    batch: int, size: int, seconds: float, prefetch: int, chunk: int
+) -> dict[str, float]:
+    """The real client receiving pre-made batches from one server process."""
+    from training.dataplane.client import DataPlaneClient
+
+    per_epoch = batch * chunk * 8
+    server = _child(["--serve-premade", str(batch), str(size), str(per_epoch)])
+    assert server.stdout is not None
+    port = int(server.stdout.readline().split()[1])
+    address = f"127.0.0.1:{port}"
+    client = DataPlaneClient(
+        [address],
+        batch_size=batch,
+        prefetch_batches=prefetch,
+        chunk_batches=chunk,
+        image_size=size,
+        rpc_timeout_s=60,
+    )
+    try:
+        client.wait_for_servers(timeout_s=60)
+        for _ in client.iter_epoch(0):  # warm-up: connections, allocator, code paths
+            pass
+        images = nbytes = 0
+        epoch = 1
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for b in client.iter_epoch(epoch):
+                images += len(b)
+                nbytes += b.images.numel()
+            epoch += 1
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        client.shutdown_servers(grace_s=1.0)
+    finally:
+        client.close()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return {
+        "images_per_s": images / wall,
+        "gb_per_s": nbytes / wall / 1e9,
+        "client_cpu_s_per_1000_images": cpu / images * 1000,
+        "client_cpu_share": cpu / wall,
+        "images": images,
+    }
+
+
+def measure_local_augmentation(size: int, images: int) -> dict[str, float]:
+    """CPU-seconds per 1,000 images for the standard recipe on this host, from JPEG bytes."""
+    import torch
+
+    from training.data import SyntheticImages, build_transform, decode_image
+
+    torch.set_num_threads(1)
+    source = SyntheticImages(images, 1000, size)
+    encoded = [source.read(i) for i in range(images)]
+    transform = build_transform("standard", size)
+    for data in encoded[:20]:
+        transform(decode_image(data))
+    cpu0 = time.process_time()
+    for data in encoded:
+        transform(decode_image(data))
+    cpu = time.process_time() - cpu0
+    return {
+        "cpu_s_per_1000_images": cpu / images * 1000,
+        "source_jpeg_px": source.source_size,
+        "mean_jpeg_kb": sum(map(len, encoded)) / len(encoded) / 1e3,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    message = args.batch * 3 * args.size * args.size
+    transport = measure_transport(args.batch, args.size, args.seconds, args.prefetch, args.chunk)
+    sock = measure_socket(message, min(args.seconds, 5.0))
+    augment = measure_local_augmentation(args.size, args.augment_images)
+    return {
+        "machine": _machine(),
+        "settings": {
+            "batch_images": args.batch,
+            "image_size": args.size,
+            "message_mb": message / 1e6,
+            "prefetch_batches": args.prefetch,
+            "chunk_batches": args.chunk,
+            "seconds": args.seconds,
+        },
+        "transport": transport,
+        "socket": sock,
+        "local_augmentation": augment,
+        "ratios": {
+            "grpc_vs_socket": transport["gb_per_s"] / sock["gb_per_s"],
+            "receive_vs_augment_cpu": transport["client_cpu_s_per_1000_images"]
+            / augment["cpu_s_per_1000_images"],
+        },
+        "targets": {"images_per_s": 5000, "grpc_vs_socket": 0.5, "receive_vs_augment_cpu": 0.10},
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    t, s, a, r = (
+        result["transport"],
+        result["socket"],
+        result["local_augmentation"],
+        result["ratios"],
+    )
+    st = result["settings"]
+    m = result["machine"]
+    print(
+        f"machine: {m['cpu']} ({m['cores']} cores), python {m['python']}, "
+        f"torch {m['torch']}, grpc {m['grpc']}"
+    )
+    print(
+        f"message: {st['batch_images']} x 3x{st['image_size']}x{st['image_size']} uint8 = "
+        f"{st['message_mb']:.2f} MB; prefetch {st['prefetch_batches']} batches; "
+        f"ranges of {st['chunk_batches']} batches"
+    )
+    rows = [
+        ("transport images/s (target >= 5000)", f"{t['images_per_s']:.0f}"),
+        ("transport GB/s (target >= 0.75)", f"{t['gb_per_s']:.2f}"),
+        ("plain TCP socket GB/s, same message size", f"{s['gb_per_s']:.2f}"),
+        ("gRPC / socket (target >= 0.5)", f"{r['grpc_vs_socket']:.2f}"),
+        ("client CPU-s per 1000 images received", f"{t['client_cpu_s_per_1000_images']:.3f}"),
+        ("local standard augmentation CPU-s per 1000 images", f"{a['cpu_s_per_1000_images']:.3f}"),
+        ("receive / augment CPU (target <= 0.10)", f"{r['receive_vs_augment_cpu']:.3f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v:>8}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Child roles (started by this module itself).
+    if argv[:1] == ["--serve-premade"]:
+        return _serve_premade(int(argv[1]), int(argv[2]), int(argv[3]))
+    if argv[:1] == ["--socket-send"]:
+        return _socket_send(int(argv[1]), int(argv[2]), float(argv[3]))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks dataplane", description=__doc__)
+    parser.add_argument("--batch", type=int, default=32, help="images per message (default 32)")
+    parser.add_argument("--size", type=int, default=224, help="image side (default 224)")
+    parser.add_argument("--prefetch", type=int, default=8, help="client prefetch depth")
+    parser.add_argument("--chunk", type=int, default=16, help="batches per range handed out")
+    parser.add_argument("--seconds", type=float, default=10.0, help="transport run length")
+    parser.add_argument("--augment-images", type=int, default=300, help="images for the baseline")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results path")
+    args = parser.parse_args(argv)
+    result = run(args)
+    _print(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The client against real servers: exactly-once epochs, failover, resume, unreachable servers."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from training.data import Batch
+from training.dataplane.client import DataPlaneClient, DataPlaneUnavailable, Intervals
+from training.dataplane.processes import ServerProcess, start_server_process
+from training.dataplane.server import create_server
+from training.dataplane.sources import AugmentingBatchSource
+from training.spec import DatasetSpec
+
+
+@pytest.fixture
+def two_servers() -> Iterator[list[str]]:
+    """Two in-process data servers over the same 96-sample dataset."""
+    sources, servers, addresses = [], [], []
+    for _ in range(2):
+        source = AugmentingBatchSource(
+            DatasetSpec(num_samples=96, num_classes=10, image_size=32), workers=1, processes=False
+        )
+        server, port = create_server(source, port=0)
+        sources.append(source)
+        servers.append(server)
+        addresses.append(f"127.0.0.1:{port}")
+    yield addresses
+    for server, source in zip(servers, sources, strict=True):
+        server.stop(0).wait()
+        source.close()
+
+
+def _ids(batches: list[Batch]) -> list[int]:
+    return [i for b in batches for i in b.sample_ids.tolist()]
+
+
+def test_epoch_delivers_every_sample_once(two_servers: list[str]) -> None:
+    with DataPlaneClient(two_servers, batch_size=8, seed=3, chunk_batches=2) as client:
+        assert client.wait_for_servers(timeout_s=10) == two_servers
+        batches = list(client.iter_epoch(0))
+    assert sorted(_ids(batches)) == list(range(96))
+    b = batches[0]
+    assert b.images.dtype.is_floating_point is False and b.images.shape[1:] == (3, 32, 32)
+    assert (b.labels == b.sample_ids % 10).all()
+
+
+def test_state_restore_resumes_without_loss_or_repeat(two_servers: list[str]) -> None:
+    first = DataPlaneClient(two_servers, batch_size=8, seed=5, prefetch_batches=3)
+    seen: list[Batch] = []
+    for batch in first.iter_epoch(2):
+        seen.append(batch)
+        if len(seen) == 5:
+            break
+    state = first.state_dict()
+    first.close()
+    assert state["epoch"] == 2 and Intervals([list(s) for s in state["consumed"]]).total() == 40
+
+    second = DataPlaneClient(two_servers, batch_size=8, seed=5)
+    second.load_state_dict(state)
+    rest = list(second)
+    assert second.epoch == 3  # iterating the restored epoch to its end moves to the next
+    second.close()
+    ids = _ids(seen) + _ids(rest)
+    assert sorted(ids) == list(range(96))
+
+    mismatched = DataPlaneClient(two_servers, batch_size=8, seed=6)
+    with pytest.raises(ValueError, match="seed 5"):
+        mismatched.load_state_dict(state)
+    mismatched.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_no_server_reachable_is_a_clear_error() -> None:
+    address = f"127.0.0.1:{_free_port()}"
+    client = DataPlaneClient([address], batch_size=4, num_samples=16, backoff_s=0.05, max_retries=1)
+    with pytest.raises(DataPlaneUnavailable, match="no data server is reachable") as err:
+        client.wait_for_servers(timeout_s=1.0)
+    assert address in str(err.value)
+    with pytest.raises(DataPlaneUnavailable, match="16 of 16 samples of epoch 0") as err:
+        list(client.iter_epoch(0))
+    assert address in str(err.value) and "UNAVAILABLE" in str(err.value)
+    client.close()
+
+
+def test_killing_one_of_two_server_processes_loses_and_repeats_nothing(spec_path: Path) -> None:
+    servers: list[ServerProcess] = [start_server_process(spec_path, workers=1) for _ in range(2)]
+    try:
+        client = DataPlaneClient(
+            [s.address for s in servers],
+            batch_size=8,
+            prefetch_batches=2,
+            chunk_batches=3,
+            rpc_timeout_s=30,
+            backoff_s=0.05,
+            max_retries=2,
+        )
+        client.wait_for_servers(timeout_s=60)
+        ids: list[int] = []
+        per_batch: list[int] = []
+        for batch in client.iter_epoch(0):
+            ids += batch.sample_ids.tolist()
+            per_batch.append(len(batch))
+            if len(per_batch) == 6:
+                servers[0].process.send_signal(signal.SIGKILL)
+        repeated = [i for i, c in Counter(ids).items() if c > 1]
+        assert not repeated, f"repeated sample ids: {repeated}"
+        assert sorted(ids) == list(range(400))
+        assert servers[0].process.wait(timeout=10) == -signal.SIGKILL
+        # The survivor takes the Shutdown RPC and `hetero serve` exits 0.
+        assert client.shutdown_servers(grace_s=1.0) == [servers[1].address]
+        assert servers[1].stop(timeout_s=30) == 0
+        client.close()
+    finally:
+        for s in servers:
+            if s.process.poll() is None:
+                s.process.kill()
+                s.process.wait()
