@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from training.launcher import job_end, peers, roles
+from training.launcher import checkpoint_sync, job_end, peers, roles
 from training.launcher.group import (
     SAGEMAKER_RESOURCECONFIG,
     GroupDetectionError,
@@ -32,7 +32,13 @@ from training.launcher.group import (
     read_resourceconfig,
 )
 from training.launcher.imds import DEFAULT_IMDS_URL, ImdsClient, ImdsError
-from training.launcher.names import ENV_CHECKPOINT_URI, ENV_REGION, ENV_SPEC
+from training.launcher.names import (
+    CLUSTER_TAG,
+    ENV_CHECKPOINT_URI,
+    ENV_CLUSTER,
+    ENV_REGION,
+    ENV_SPEC,
+)
 from training.launcher.spot import SpotWatcher
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
 from training.spec import ClusterSpec, Role, SpecError, load_spec
@@ -43,6 +49,7 @@ EXIT_CONFIG = 2
 EXIT_PEERS = 3
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 SAGEMAKER_OUTPUT_DIR = "/opt/ml/output/data"
+CHECKPOINT_CACHE = "/tmp/hetero/checkpoints"
 
 
 class Backend(StrEnum):
@@ -65,6 +72,11 @@ class LaunchPlan:
     """True on the first trainer host: it ends the job (scales the groups to zero on EC2)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added for every process of the role."""
+    checkpoint_s3_uri: str | None = None
+    """Trainer on AWS with an ``s3://`` checkpoint URI: the launcher syncs it with
+    ``checkpoint_dir`` (the trainer writes to a filesystem path)."""
+    checkpoint_dir: str | None = None
+    """The trainer's checkpoint folder when the launcher chose it (else the spec's)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,7 +154,9 @@ def _ec2_identity(identity: GroupIdentity, imds: ImdsClient) -> GroupIdentity:
         host=identity.host or imds.get("/latest/meta-data/local-ipv4"),
         instance_id=imds.get("/latest/meta-data/instance-id"),
         region=imds.get("/latest/meta-data/placement/region"),
-        cluster=identity.cluster or imds.get("/latest/meta-data/tags/instance/hetero:cluster"),
+        cluster=identity.cluster
+        or os.environ.get(ENV_CLUSTER)
+        or imds.get(f"/latest/meta-data/tags/instance/{CLUSTER_TAG}"),
     )
 
 
@@ -161,9 +175,16 @@ def make_plan(
     """The role's commands for this host (pure: nothing is started)."""
     group = spec.group(identity.group)
     env: dict[str, str] = {}
-    if backend is Backend.SAGEMAKER and ENV_CHECKPOINT_URI not in environ:
+    uri = environ.get(ENV_CHECKPOINT_URI, "").strip()
+    checkpoint_s3_uri: str | None = None
+    checkpoint_dir: str | None = None
+    if uri.startswith("s3://"):
+        checkpoint_s3_uri, checkpoint_dir = uri, CHECKPOINT_CACHE
+    elif uri:
+        checkpoint_dir = uri
+    elif backend is Backend.SAGEMAKER:
         # SageMaker syncs this folder with the job's CheckpointConfig S3 URI (managed Spot).
-        env[ENV_CHECKPOINT_URI] = SAGEMAKER_CHECKPOINT_DIR
+        checkpoint_dir = SAGEMAKER_CHECKPOINT_DIR
     if group.role is Role.TRAINER:
         default_dir = SAGEMAKER_OUTPUT_DIR if backend is Backend.SAGEMAKER else f"runs/{spec.name}"
         env.update(
@@ -180,6 +201,7 @@ def make_plan(
             trainer_hosts=found_peers.trainer_hosts(spec),
             node_rank=found_peers.self_index,
             data_servers=found_peers.data_servers,
+            checkpoint_dir=checkpoint_dir,
             env=env,
         )
         commands: tuple[tuple[str, roles.RoleCommand], ...] = (("trainer", cmd),)
@@ -207,6 +229,8 @@ def make_plan(
         commands=commands,
         job_leader=group.role is Role.TRAINER and found_peers.self_index == 0,
         env=env,
+        checkpoint_s3_uri=checkpoint_s3_uri if group.role is Role.TRAINER else None,
+        checkpoint_dir=checkpoint_dir if group.role is Role.TRAINER else None,
     )
 
 
@@ -267,7 +291,12 @@ def run(args: argparse.Namespace) -> int:
             extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
             print(f"{name}: {extra + ' ' if extra else ''}{shlex.join(cmd.argv)}")
         return 0
-    code, stopped = _run_role(plan, args)
+    uploader = _start_checkpoint_sync(plan, identity)
+    try:
+        code, stopped = _run_role(plan, args)
+    finally:
+        if uploader is not None:
+            uploader.stop()  # one last upload: the save made on SIGTERM is in it
     if stopped is not None:
         return exit_code_for_signal(stopped)
     if code == 0 and plan.backend is Backend.EC2 and plan.job_leader:
@@ -280,7 +309,7 @@ def _find_ec2_peers(spec: ClusterSpec, identity: GroupIdentity, timeout_s: float
 
     if not identity.instance_id:
         raise peers.PeerDiscoveryError("IMDS did not give this instance's id")
-    ec2 = boto3.client("ec2", region_name=identity.region or os.environ.get(ENV_REGION))
+    ec2 = boto3.client("ec2", region_name=_region(identity))
     return peers.ec2_peers(
         spec,
         ec2,
@@ -291,12 +320,43 @@ def _find_ec2_peers(spec: ClusterSpec, identity: GroupIdentity, timeout_s: float
     )
 
 
+def _start_checkpoint_sync(
+    plan: LaunchPlan, identity: GroupIdentity
+) -> checkpoint_sync.CheckpointUploader | None:
+    """Download the newest S3 checkpoint (every trainer host) and, on the first trainer host,
+    start uploading new ones. None when checkpoints are not in S3."""
+    if plan.checkpoint_s3_uri is None or plan.checkpoint_dir is None:
+        return None
+    import boto3
+
+    s3 = boto3.client("s3", region_name=_region(identity))
+    local = Path(plan.checkpoint_dir)
+    local.mkdir(parents=True, exist_ok=True)
+    checkpoint_sync.download_latest(s3, plan.checkpoint_s3_uri, local)
+    if not plan.job_leader:
+        return None
+    if len(plan.peers.hosts[identity.group]) > 1:
+        log.warning(
+            "checkpoints sync from the first trainer host only: with several trainer hosts the "
+            "trainer's checkpoint folder must be on storage every host shares"
+        )
+    uploader = checkpoint_sync.CheckpointUploader(s3, local, plan.checkpoint_s3_uri)
+    uploader.start()
+    return uploader
+
+
 def _run_role(plan: LaunchPlan, args: argparse.Namespace) -> tuple[int, int | None]:
     """Run the role's processes to the end; (exit code, stop signal or None)."""
     with Supervisor(grace_s=args.grace, subreaper=True) as sup:
         sup.install_signal_handlers()
         children = [
-            sup.start(name, cmd.argv, env={**os.environ, **cmd.env}) for name, cmd in plan.commands
+            sup.start(
+                name,
+                cmd.argv,
+                env={**os.environ, **cmd.env},
+                stop_workers=plan.role is Role.TRAINER,
+            )
+            for name, cmd in plan.commands
         ]
         watcher: SpotWatcher | None = None
         if plan.backend is Backend.EC2:
@@ -314,6 +374,11 @@ def _run_role(plan: LaunchPlan, args: argparse.Namespace) -> tuple[int, int | No
     if sup.stop_signal is not None:
         log.warning("stopped: %s", sup.stop_reason)
     return next((c for c in codes if c != 0), 0), sup.stop_signal
+
+
+def _region(identity: GroupIdentity) -> str | None:
+    """IMDS's region, else the environment's (None: boto3 resolves it as usual)."""
+    return identity.region or os.environ.get("AWS_REGION") or os.environ.get(ENV_REGION)
 
 
 def _end_job(identity: GroupIdentity) -> None:

@@ -268,7 +268,7 @@ def _run_trainer(
     )
     log.info("trainer: %d process(es), %d data server(s); output in %s", n, len(servers), run_dir)
     # The trainer writes to this console directly: its progress is the run's progress.
-    trainer = sup.start("trainer", cmd.argv, env={**os.environ, **cmd.env})
+    trainer = sup.start("trainer", cmd.argv, env={**os.environ, **cmd.env}, stop_workers=True)
     # On Ctrl-C the trainer gets SIGTERM (checkpoint, exit) and the grace period to do it.
     return sup.wait(trainer)
 

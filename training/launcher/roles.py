@@ -62,6 +62,7 @@ def trainer_command(
     node_rank: int,
     data_servers: Sequence[str] = (),
     nproc_per_node: int | None = None,
+    checkpoint_dir: str | Path | None = None,
     rendezvous_port: int = RENDEZVOUS_PORT,
     env: Mapping[str, str] | None = None,
     python: str = sys.executable,
@@ -69,7 +70,7 @@ def trainer_command(
     """torchrun for this trainer host: ``--nnodes`` = trainer hosts, ``--node-rank`` = this
     host's index among them, ``--nproc-per-node`` = the group's ranks per instance (unless
     given), static rendezvous on the first trainer host. A single host uses ``--standalone``
-    (torchrun picks a free local port)."""
+    (torchrun picks a free local port). ``checkpoint_dir`` overrides the spec's folder."""
     nnodes = len(trainer_hosts)
     if nnodes == 0:
         raise ValueError("no trainer hosts: the trainer group has no instances")
@@ -96,6 +97,8 @@ def trainer_command(
     argv += ["-m", "training.trainer", "--spec", str(spec_path), "--run-dir", str(run_dir)]
     if data_servers:
         argv += ["--data-servers", ",".join(data_servers)]
+    if checkpoint_dir is not None:
+        argv += ["--checkpoint-dir", str(checkpoint_dir)]
     return RoleCommand(tuple(argv), dict(env or {}))
 
 

@@ -57,7 +57,30 @@ class Child:
 
     name: str
     popen: subprocess.Popen[bytes]
+    stop_workers: bool = False
+    """Stop by signalling this process's direct children (torchrun's ranks), not its group."""
     descendants: dict[int, psutil.Process] = field(default_factory=dict)
+
+    def send_stop(self, sig: int) -> None:
+        """Deliver a stop signal: to the process group, or to the ranks under ``stop_workers``.
+
+        torchrun answers SIGTERM by signalling each rank's whole process group (DataLoader
+        workers included, which then die mid-batch) and exits non-zero even when the ranks stop
+        cleanly. Signalling the ranks directly lets them checkpoint and exit 0, and torchrun
+        then exits 0 as it does for any finished run.
+        """
+        if self.stop_workers:
+            try:
+                ranks = psutil.Process(self.pid).children()
+            except psutil.Error:
+                ranks = []
+            if ranks:
+                for rank in ranks:
+                    with contextlib.suppress(psutil.Error):
+                        rank.send_signal(sig)
+                return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
 
     @property
     def pid(self) -> int:
@@ -112,8 +135,10 @@ class Supervisor:
         cwd: str | Path | None = None,
         stdout: IO[Any] | int | None = None,
         stderr: IO[Any] | int | None = None,
+        stop_workers: bool = False,
     ) -> Child:
-        """Start ``cmd`` in a new session; raises ``OSError`` if it cannot be executed."""
+        """Start ``cmd`` in a new session; raises ``OSError`` if it cannot be executed.
+        ``stop_workers``: see ``Child.send_stop`` (set it for torchrun)."""
         log.debug("starting %s: %s", name, " ".join(cmd))
         popen = subprocess.Popen(
             list(cmd),
@@ -124,7 +149,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        child = Child(name, popen)
+        child = Child(name, popen, stop_workers=stop_workers)
         self.children.append(child)
         return child
 
@@ -164,10 +189,9 @@ class Supervisor:
             self.signal_children(signal.SIGTERM)
 
     def signal_children(self, sig: int) -> None:
-        """Send ``sig`` to the process group of every live child."""
+        """Send ``sig`` to every live child (see ``Child.send_stop``)."""
         for child in self.live():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, sig)
+            child.send_stop(sig)
 
     # -- waiting -----------------------------------------------------------------------------
 

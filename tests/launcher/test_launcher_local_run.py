@@ -1,0 +1,151 @@
+"""``hetero local`` end to end: real data servers, real torchrun and trainer, real signals.
+
+Each run ends with every process it started gone, whether training finished or was
+interrupted with Ctrl-C (SIGINT).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .processes import run_watched
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A ViT small enough that a few steps take seconds on a shared 2-core CPU.
+TINY_JOB = """
+[job]
+batch_size = 8
+steps = {steps}
+precision = "fp32"
+log_every_steps = 2
+
+[job.model]
+name = "vit_tiny_patch16_224"
+
+[job.model.overrides]
+img_size = 32
+patch_size = 8
+depth = 2
+embed_dim = 48
+num_heads = 2
+num_classes = 10
+
+[job.dataset]
+source = "synthetic"
+num_samples = 512
+num_classes = 10
+image_size = 32
+
+[job.checkpoint]
+interval_steps = 1000
+dir = "{checkpoints}"
+
+[job.dataplane]
+port = {port}
+workers_per_server = 1
+"""
+
+TRAINER_GROUP = """
+name = "local-test"
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 1
+"""
+
+DATAPREP_GROUP = """
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 2
+"""
+
+
+def write_spec(tmp_path: Path, *, steps: int, dataprep: bool, port: int = 50261) -> Path:
+    text = TRAINER_GROUP + (DATAPREP_GROUP if dataprep else "")
+    text += TINY_JOB.format(steps=steps, checkpoints=tmp_path / "checkpoints", port=port)
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+def hetero_local(spec: Path, run_dir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "training.cli", "local", "--spec", str(spec), "--run-dir",
+        str(run_dir), "--grace", "20",
+    ]  # fmt: skip
+
+
+def dataplane_available() -> bool:
+    try:
+        import training.dataplane.server  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(300)
+def test_trainer_alone_runs_to_the_end_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=4, dataprep=False)
+    run_dir = tmp_path / "run"
+    result = run_watched(hetero_local(spec, run_dir), cwd=REPO, timeout_s=240)
+    assert result.returncode == 0, result.output
+    assert result.descendants, "the local run started no process"
+    assert result.survivors() == []
+    summary = json.loads((run_dir / "local-run.json").read_text())
+    assert summary["trainer_exit_code"] == 0 and summary["data_servers"] == {}
+    trainer_summary = json.loads((run_dir / "summary.json").read_text())
+    assert trainer_summary["steps"] == 4
+    assert "local run finished" in result.output and "metrics.png" in result.output
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not dataplane_available(), reason="training.dataplane.server not in yet")
+def test_heterogeneous_run_shuts_servers_down_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=4, dataprep=True)
+    run_dir = tmp_path / "run"
+    result = run_watched(hetero_local(spec, run_dir), cwd=REPO, timeout_s=240)
+    assert result.returncode == 0, result.output
+    assert result.survivors() == []
+    summary = json.loads((run_dir / "local-run.json").read_text())
+    assert summary["trainer_exit_code"] == 0
+    assert len(summary["data_servers"]) == 2
+    # Both servers exited 0 on their own: the trainer's Shutdown RPC reached them.
+    assert set(summary["data_servers"].values()) == {0}
+    assert summary["servers_stopped_by_trainer"] is True
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dataprep", [False, True], ids=["trainer-only", "heterogeneous"])
+def test_ctrl_c_mid_run_stops_everything(tmp_path: Path, dataprep: bool) -> None:
+    if dataprep and not dataplane_available():
+        pytest.skip("training.dataplane.server not in yet")
+    spec = write_spec(tmp_path, steps=100_000, dataprep=dataprep, port=50271)
+    run_dir = tmp_path / "run"
+
+    def interrupt_once_training(proc: subprocess.Popen[str], output: str) -> bool:
+        if "step 2/" not in output:
+            return False
+        proc.send_signal(signal.SIGINT)
+        return True
+
+    result = run_watched(
+        hetero_local(spec, run_dir), cwd=REPO, timeout_s=240, act=interrupt_once_training
+    )
+    assert "step 2/" in result.output, result.output
+    assert result.returncode == 128 + signal.SIGINT, result.output
+    assert result.survivors() == []
+    summary = json.loads((run_dir / "local-run.json").read_text())
+    assert summary["stopped_by"] == "received SIGINT"
+    # The trainer got SIGTERM, checkpointed and exited cleanly within the grace period.
+    assert summary["trainer_exit_code"] == 0
+    assert list((tmp_path / "checkpoints").glob("step-*"))
