@@ -1,0 +1,70 @@
+"""The trainer on the real data plane: gRPC servers on 127.0.0.1, disjoint rank shares, job end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from training.dataplane.server import create_server
+from training.dataplane.sources import PremadeBatchSource
+from training.spec import load_spec
+from training.trainer.config import TrainerConfig
+from training.trainer.inputs import EndOfData
+from training.trainer.remote import DataPlaneBatches
+from training.trainer.train import Trainer
+
+from .conftest import write_spec
+
+SAMPLES = 64
+
+
+@pytest.fixture
+def servers() -> Iterator[list[tuple[grpc.Server, str]]]:
+    started = []
+    for _ in range(2):
+        source = PremadeBatchSource(SAMPLES, image_size=32, max_batch=8, num_classes=10)
+        server, port = create_server(source, port=0)
+        started.append((server, f"127.0.0.1:{port}"))
+    yield started
+    for server, _ in started:
+        server.stop(0)
+
+
+def config(tmp_path: Path, addresses: list[str], epochs: int | None = None) -> TrainerConfig:
+    spec = write_spec(tmp_path, batch_size=4, steps=5)
+    if epochs is not None:
+        spec.write_text(spec.read_text().replace("steps = 5", f"epochs = {epochs}"))
+    run_dir = tmp_path / "run"
+    return TrainerConfig.from_spec(load_spec(spec), run_dir=run_dir, data_servers=addresses)
+
+
+def test_ranks_get_disjoint_shares_of_each_epoch(tmp_path: Path, servers) -> None:
+    cfg = config(tmp_path, [a for _, a in servers], epochs=1)
+    seen: list[list[int]] = []
+    for rank in range(2):
+        stream = DataPlaneBatches(cfg, rank=rank, world_size=2)
+        ids: list[int] = []
+        with pytest.raises(EndOfData):
+            while True:
+                ids += stream.next().sample_ids.tolist()
+        assert stream.batches_per_epoch == 8
+        stream.close(job_done=False)
+        seen.append(ids)
+    assert len(seen[0]) == len(seen[1]) == SAMPLES // 2
+    assert set(seen[0]).isdisjoint(seen[1]) and set(seen[0]) | set(seen[1]) == set(range(SAMPLES))
+
+
+def test_training_from_data_servers_ends_them_at_job_end(tmp_path: Path, servers) -> None:
+    trainer = Trainer(config(tmp_path, [a for _, a in servers]))
+    try:
+        assert trainer.train() == 0
+    finally:
+        trainer.close()
+    assert trainer.summary["steps"] == 5 and trainer.summary["stopped_by"] == "steps"
+    # rank 0 sent Shutdown: every server stops by itself.
+    for server, address in servers:
+        # grpc's wait_for_termination returns True when it timed out.
+        assert not server.wait_for_termination(timeout=10), f"{address} still running"
