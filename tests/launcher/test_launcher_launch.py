@@ -11,14 +11,18 @@ import sys
 import time
 from pathlib import Path
 
+import boto3
 import grpc
 import pytest
+from moto import mock_aws
 
 from training.cli import main
 from training.dataplane.client import DataPlaneClient
 
+from .conftest import FakeImds
 from .processes import run_watched
-from .test_launcher_group import RESOURCECONFIG
+from .test_launcher_group import RESOURCECONFIG, tag_imds
+from .test_launcher_peers import launch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -178,3 +182,36 @@ def test_exit_code_mirrors_a_failing_role(tmp_path: Path) -> None:
     assert result.returncode != 0, result.output
     assert f"data-server-0 exited with code {result.returncode}" in result.output
     assert result.survivors() == []
+
+
+def test_ec2_trainer_plan_from_imds_tags_and_describe_instances(
+    spec_path: Path,
+    tmp_path: Path,
+    fake_imds: FakeImds,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://bucket/checkpoints/vit-test/")
+    with mock_aws():
+        client = boto3.client("ec2", region_name="us-west-2")
+        vpc = client.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = client.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+        ec2 = (client, subnet)
+        launch(ec2, "10.0.0.40", "trainer")
+        me = launch(ec2, "10.0.0.41", "trainer")
+        launch(ec2, "10.0.0.50", "dataprep")
+        launch(ec2, "10.0.0.51", "dataprep")
+        tag_imds(fake_imds, "trainer")
+        fake_imds.set("/latest/meta-data/instance-id", me)
+        code = main(
+            [
+                "launch", "--spec", str(spec_path), "--resourceconfig", str(tmp_path / "no"),
+                "--imds-url", fake_imds.url, "--dry-run",
+            ]
+        )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "--nnodes 2 --node-rank 1 --master-addr 10.0.0.40" in out
+    assert "--data-servers 10.0.0.50:50051,10.0.0.51:50051" in out
+    # The trainer writes locally; the launcher syncs that folder with the S3 URI.
+    assert "--checkpoint-dir /tmp/hetero/checkpoints" in out

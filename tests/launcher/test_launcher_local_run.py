@@ -85,14 +85,6 @@ def hetero_local(spec: Path, run_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def dataplane_available() -> bool:
-    try:
-        import training.dataplane.server  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.timeout(300)
 def test_trainer_alone_runs_to_the_end_and_leaves_nothing(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=4, dataprep=False)
@@ -109,7 +101,6 @@ def test_trainer_alone_runs_to_the_end_and_leaves_nothing(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not dataplane_available(), reason="training.dataplane.server not in yet")
 def test_heterogeneous_run_shuts_servers_down_and_leaves_nothing(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=4, dataprep=True)
     run_dir = tmp_path / "run"
@@ -125,11 +116,8 @@ def test_heterogeneous_run_shuts_servers_down_and_leaves_nothing(tmp_path: Path)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("dataprep", [False, True], ids=["trainer-only", "heterogeneous"])
-def test_ctrl_c_mid_run_stops_everything(tmp_path: Path, dataprep: bool) -> None:
-    if dataprep and not dataplane_available():
-        pytest.skip("training.dataplane.server not in yet")
-    spec = write_spec(tmp_path, steps=100_000, dataprep=dataprep, port=50271)
+def test_ctrl_c_mid_run_stops_everything(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, steps=100_000, dataprep=True, port=50271)
     run_dir = tmp_path / "run"
 
     def interrupt_once_training(proc: subprocess.Popen[str], output: str) -> bool:
@@ -149,3 +137,40 @@ def test_ctrl_c_mid_run_stops_everything(tmp_path: Path, dataprep: bool) -> None
     # The trainer got SIGTERM, checkpointed and exited cleanly within the grace period.
     assert summary["trainer_exit_code"] == 0
     assert list((tmp_path / "checkpoints").glob("step-*"))
+
+
+def test_free_port_skips_ports_in_use_and_taken() -> None:
+    import socket
+
+    from training.launcher.local import free_port
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        chosen = free_port(port, taken={port + 1})
+    assert chosen not in (port, port + 1) and chosen > port
+
+
+def test_server_count_and_trainer_ranks_follow_the_spec(tmp_path: Path) -> None:
+    from training.launcher.local import data_server_count, default_nproc
+    from training.spec import load_spec
+
+    spec = load_spec(write_spec(tmp_path, steps=1, dataprep=True))
+    assert data_server_count(spec) == 2
+    assert default_nproc(spec, gpus=0) == 1  # one g5.xlarge: one rank
+    assert default_nproc(spec, gpus=8) == 1
+
+
+def test_gpus_are_counted_from_the_driver_and_cuda_visible_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.launcher.local import visible_gpus
+
+    assert visible_gpus(tmp_path / "no-driver") == 0
+    for bus in ("0000:10:1c.0", "0000:10:1d.0", "0000:20:1c.0"):
+        (tmp_path / bus).mkdir()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus(tmp_path) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert visible_gpus(tmp_path) == 1

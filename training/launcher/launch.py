@@ -268,16 +268,20 @@ def run(args: argparse.Namespace) -> int:
     except (peers.PeerDiscoveryError, ImdsError, OSError, ValueError) as e:
         log.error("peer discovery failed (%s backend): %s", backend.value, e)
         return EXIT_PEERS
-    plan = make_plan(
-        spec,
-        spec_path=args.spec,
-        identity=identity,
-        backend=backend,
-        found_peers=found,
-        run_dir=args.run_dir,
-        environ=os.environ,
-        network_interface=network_interface,
-    )
+    try:
+        plan = make_plan(
+            spec,
+            spec_path=args.spec,
+            identity=identity,
+            backend=backend,
+            found_peers=found,
+            run_dir=args.run_dir,
+            environ=os.environ,
+            network_interface=network_interface,
+        )
+    except ValueError as e:  # e.g. --host-index outside the group
+        log.error("%s", e)
+        return EXIT_CONFIG
     log.info(
         "backend %s, group %r (%s), host %d of %d",
         backend.value,
@@ -291,7 +295,11 @@ def run(args: argparse.Namespace) -> int:
             extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
             print(f"{name}: {extra + ' ' if extra else ''}{shlex.join(cmd.argv)}")
         return 0
-    uploader = _start_checkpoint_sync(plan, identity)
+    try:
+        uploader = _start_checkpoint_sync(plan, identity)
+    except Exception as e:  # S3 errors: starting without the checkpoint would lose progress
+        log.error("could not fetch checkpoints from %s: %s", plan.checkpoint_s3_uri, e)
+        return 1
     try:
         code, stopped = _run_role(plan, args)
     finally:

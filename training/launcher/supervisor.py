@@ -190,6 +190,8 @@ class Supervisor:
 
     def signal_children(self, sig: int) -> None:
         """Send ``sig`` to every live child (see ``Child.send_stop``)."""
+        # Record the trees first: a parent that dies of this signal no longer shows its children.
+        self.poll()
         for child in self.live():
             child.send_stop(sig)
 
