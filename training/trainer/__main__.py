@@ -30,7 +30,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--steps", type=int, help="optimizer steps (overrides job.steps/epochs)")
     p.add_argument("--max-seconds", type=float, help="stop with a checkpoint after S seconds")
-    p.add_argument("--checkpoint-dir", help="overrides job.checkpoint.dir")
+    p.add_argument(
+        "--checkpoint-dir",
+        help="overrides job.checkpoint.dir (with --checkpoint-s3-uri: this host's staging folder)",
+    )
+    p.add_argument(
+        "--checkpoint-s3-uri",
+        help="s3://bucket/prefix: keep checkpoints there (every host uploads its own shards; "
+        "resume downloads the newest complete step on every host)",
+    )
     p.add_argument(
         "--synthetic-data",
         action="store_true",
@@ -55,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps=args.steps,
             max_seconds=args.max_seconds,
             checkpoint_dir=args.checkpoint_dir,
+            checkpoint_s3_uri=args.checkpoint_s3_uri,
             synthetic=args.synthetic_data,
         )
     except (SpecError, ConfigError) as e:

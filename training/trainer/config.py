@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from training.spec import ClusterSpec, Parallelism, Precision
+from training.trainer.checkpoint_s3 import parse_s3_uri
 
 
 class ConfigError(ValueError):
@@ -70,11 +71,15 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class CheckpointConfig:
     dir: Path
-    """Where ``step-N/`` folders go (a local or shared filesystem path)."""
+    """Where ``step-N/`` folders go (a local or shared filesystem path); with ``s3_uri``, this
+    host's staging folder for them."""
     interval_steps: int
     """Save every N optimizer steps; also on SIGTERM and at the end of the run."""
     keep: int
     """Complete checkpoints kept; older ones are deleted after a new one completes."""
+    s3_uri: str | None = None
+    """``s3://bucket/prefix``: checkpoints live there (every host uploads its shards; resume
+    downloads the newest complete step on every host)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class TrainerConfig:
         steps: int | None = None,
         max_seconds: float | None = None,
         checkpoint_dir: str | Path | None = None,
+        checkpoint_s3_uri: str | None = None,
         synthetic: bool = False,
     ) -> TrainerConfig:
         """Build and validate the trainer's view of ``spec``; flags win over spec fields."""
@@ -137,12 +143,22 @@ class TrainerConfig:
                 problems.append(f"--data-servers: {s!r} is not host:port (e.g. 127.0.0.1:50061)")
         if synthetic and servers:
             problems.append("--synthetic-data and --data-servers exclude each other; pick one")
+        ckpt_field = "--checkpoint-dir" if checkpoint_dir is not None else "job.checkpoint.dir"
         ckpt = str(checkpoint_dir) if checkpoint_dir is not None else job.checkpoint.dir
+        s3_uri = checkpoint_s3_uri.strip() if checkpoint_s3_uri else None
         if ckpt.startswith("s3://"):
-            problems.append(
-                f"job.checkpoint.dir = {ckpt!r}: the trainer writes to a filesystem path; mount "
-                "or sync the bucket (the launcher does this on AWS) and pass that path"
-            )
+            if s3_uri is not None and s3_uri.rstrip("/") != ckpt.rstrip("/"):
+                problems.append(
+                    f"{ckpt_field} = {ckpt!r} and --checkpoint-s3-uri = {s3_uri!r} name two "
+                    "buckets; give the S3 URI once (--checkpoint-dir is then the local folder)"
+                )
+            # The S3 URI is the checkpoint; the shards are staged in a folder of the run.
+            s3_uri, ckpt = ckpt, str(Path(run_dir) / "checkpoint-staging")
+        if s3_uri is not None:
+            try:
+                parse_s3_uri(s3_uri)
+            except ValueError as e:
+                problems.append(f"--checkpoint-s3-uri: {e}")
         overrides = dict(job.model.overrides)
         for key, ds_key in (("img_size", "image_size"), ("num_classes", "num_classes")):
             value = overrides.get(key)
@@ -182,6 +198,7 @@ class TrainerConfig:
                 dir=Path(ckpt),
                 interval_steps=job.checkpoint.interval_steps,
                 keep=job.checkpoint.keep,
+                s3_uri=s3_uri,
             ),
             input=InputConfig(kind=kind, data_servers=servers),
             batch_size=job.batch_size,

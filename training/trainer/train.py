@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.data import Batch
 from training.trainer.checkpoint import Checkpointer, Restored
+from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import TrainerConfig
 from training.trainer.inputs import BatchStream, EndOfData, build_stream
 from training.trainer.metrics import Interval, MetricsLogger, RunFacts, peak_flops
@@ -100,9 +101,11 @@ class Trainer:
             _param_groups(self.model, config.optim.weight_decay), lr=config.optim.lr
         )
         self.stream = stream or build_stream(config, rank=self.rank, world_size=self.world_size)
+        ckpt = config.checkpoint
         self.checkpointer = Checkpointer(
-            config.checkpoint.dir, keep=config.checkpoint.keep, rank=self.rank,
-            world_size=self.world_size,
+            ckpt.dir, keep=ckpt.keep, rank=self.rank, world_size=self.world_size,
+            local_rank=self.env.local_rank,
+            store=S3CheckpointStore(ckpt.s3_uri) if ckpt.s3_uri else None,
         )  # fmt: skip
         # The stop flag is all-reduced every step: on a CPU group, so it never syncs the GPU.
         group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
@@ -139,7 +142,8 @@ class Trainer:
         """Load the newest complete checkpoint, if any, with this rank's data position."""
         self.restored = self.checkpointer.restore_latest(self.model, self.optimizer)
         if self.restored is None:
-            log.info("no checkpoint in %s: starting at step 0", self.config.checkpoint.dir)
+            where = self.config.checkpoint.s3_uri or self.config.checkpoint.dir
+            log.info("no checkpoint in %s: starting at step 0", where)
             return
         self.step = self.restored.step
         positions = self.restored.data_state

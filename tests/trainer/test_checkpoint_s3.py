@@ -1,0 +1,346 @@
+"""Checkpoints in S3 (a real moto server on 127.0.0.1, reached by boto3 through
+AWS_ENDPOINT_URL): every host uploads its own shards, the marker goes up last, marker-less steps
+are never loaded, pruning keeps ``keep`` steps, a failed upload fails loudly and leaves the
+previous checkpoint whole, and two torchrun "hosts" with separate local folders save to S3 and
+resume from empty folders to the same weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from moto.server import ThreadedMotoServer
+from torch import nn
+
+from training.spec import load_spec
+from training.trainer.checkpoint import MARKER, Checkpointer, CheckpointStorageError
+from training.trainer.checkpoint_s3 import S3CheckpointStore
+from training.trainer.config import ConfigError, ModelConfig, TrainerConfig
+from training.trainer.local_run import free_port, run_local
+from training.trainer.model import build_model
+from training.trainer.train import Trainer
+
+from .conftest import write_spec
+
+REPO = Path(__file__).resolve().parents[2]
+GLOBAL_BATCH = 8
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def s3_env() -> Iterator[dict[str, str]]:
+    """A moto S3 server for this module; the environment that points boto3 at it."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    yield env
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket; this process's boto3 talks to the moto server."""
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    name = f"ckpt-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+def keys(bucket: str) -> list[str]:
+    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def step_files(bucket: str, step: int, root: str = "ckpts") -> set[str]:
+    prefix = f"{root}/step-{step}/"
+    return {k[len(prefix) :] for k in keys(bucket) if k.startswith(prefix)}
+
+
+def steps_in(bucket: str) -> list[int]:
+    return sorted({int(k.split("/")[1].removeprefix("step-")) for k in keys(bucket)})
+
+
+class RecordingClient:
+    """An S3 client whose object writes are recorded in order; ``fail_on`` (a substring of a
+    key) makes that upload raise, as a dropped connection would."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.client = boto3.client("s3")
+        self.uploaded: list[str] = []
+        self.fail_on = fail_on
+        self.client.meta.events.register("before-parameter-build.s3.PutObject", self._before)
+        self.client.meta.events.register(
+            "before-parameter-build.s3.CreateMultipartUpload", self._before
+        )
+
+    def _before(self, params: dict[str, Any], **_: Any) -> None:
+        key = params["Key"]
+        if self.fail_on is not None and self.fail_on in key:
+            raise ConnectionError(f"simulated network failure uploading {key}")
+        self.uploaded.append(key)
+
+
+def tiny_state() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_marker_goes_up_last_and_pruning_keeps_keep_steps(bucket: str, tmp_path: Path) -> None:
+    recorder = RecordingClient()
+    store = S3CheckpointStore(f"s3://{bucket}/ckpts/", client=recorder.client)
+    ckpt = Checkpointer(tmp_path / "local", keep=2, rank=0, world_size=1, store=store)
+    model, opt = tiny_state()
+    # Leftovers of cut-off saves: an older marker-less step (pruned once a newer step is
+    # complete) and files of step 3 itself (cleared before step 3 is written again).
+    boto3.client("s3").put_object(Bucket=bucket, Key="ckpts/step-1/__0_0.distcp", Body=b"x")
+    boto3.client("s3").put_object(Bucket=bucket, Key="ckpts/step-3/__7_0.distcp", Body=b"x")
+    for step in (2, 3, 4):
+        recorder.uploaded.clear()
+        assert ckpt.save(step, model, opt, {"epoch": 0, "batch": step}) is not None
+        ours = [k for k in recorder.uploaded if f"/step-{step}/" in k]
+        assert ours[-1] == f"ckpts/step-{step}/{MARKER}", ours
+        assert {".metadata", "__0_0.distcp"} <= {k.rsplit("/", 1)[1] for k in ours}
+    assert "__7_0.distcp" not in step_files(bucket, 3)
+    assert steps_in(bucket) == [3, 4]  # keep = 2; the marker-less step-1 is gone too
+    assert all(MARKER in step_files(bucket, s) for s in (3, 4))
+    # Saving a step S3 already holds complete is a no-op (stopped right after resuming).
+    assert ckpt.save(4, model, opt, {}) is None
+    # Locally only staging: ``keep`` step folders, nothing half-renamed.
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["step-3", "step-4"]
+
+
+def test_resume_ignores_a_step_without_marker_and_starts_from_an_empty_folder(
+    bucket: str, tmp_path: Path
+) -> None:
+    store = S3CheckpointStore(f"s3://{bucket}/ckpts")
+    model, opt = tiny_state()
+    saver = Checkpointer(tmp_path / "first", keep=3, rank=0, world_size=1, store=store)
+    saver.save(5, model, opt, {"epoch": 1, "batch": 5})
+    # A newer save cut off before its marker: every shard is there, the marker is not.
+    s3 = boto3.client("s3")
+    for name in step_files(bucket, 5) - {MARKER}:
+        s3.copy_object(
+            Bucket=bucket,
+            Key=f"ckpts/step-9/{name}",
+            CopySource={"Bucket": bucket, "Key": f"ckpts/step-5/{name}"},
+        )
+    assert store.latest_complete() == 5
+
+    fresh = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    empty = tmp_path / "replacement-host"
+    loader = Checkpointer(empty, keep=3, rank=0, world_size=1, store=store)
+    restored = loader.restore_latest(fresh, fresh_opt)
+    assert restored is not None and restored.step == 5 and restored.path == empty / "step-5"
+    assert restored.data_state == [{"epoch": 1, "batch": 5}]
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert not (empty / "step-9").exists()
+
+
+def test_a_failed_upload_raises_and_leaves_the_previous_checkpoint_whole(
+    bucket: str, tmp_path: Path
+) -> None:
+    model, opt = tiny_state()
+    good = Checkpointer(
+        tmp_path / "a",
+        keep=1,
+        rank=0,
+        world_size=1,
+        store=S3CheckpointStore(f"s3://{bucket}/ckpts"),
+    )
+    good.save(10, model, opt, {})
+    before = step_files(bucket, 10)
+
+    flaky = RecordingClient(fail_on="step-20/__0_0")
+    store = S3CheckpointStore(f"s3://{bucket}/ckpts", client=flaky.client)
+    bad = Checkpointer(tmp_path / "a", keep=1, rank=0, world_size=1, store=store)
+    with pytest.raises(CheckpointStorageError, match=r"uploading checkpoint step 20.*simulated"):
+        bad.save(20, model, opt, {})
+    assert MARKER not in step_files(bucket, 20)  # never loadable
+    assert step_files(bucket, 10) == before  # keep = 1, yet nothing was pruned
+    assert store.latest_complete() == 10
+
+
+def test_config_accepts_an_s3_checkpoint_dir_and_names_bad_uris(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path))
+    config = TrainerConfig.from_spec(
+        spec, run_dir=tmp_path / "run", checkpoint_dir="s3://b/ckpts", synthetic=True
+    )
+    assert config.checkpoint.s3_uri == "s3://b/ckpts"
+    assert config.checkpoint.dir == tmp_path / "run" / "checkpoint-staging"
+    config = TrainerConfig.from_spec(
+        spec, run_dir=tmp_path / "run", checkpoint_s3_uri="s3://b/x", synthetic=True
+    )
+    assert config.checkpoint.s3_uri == "s3://b/x"
+    assert config.checkpoint.dir == tmp_path / "checkpoints"
+    with pytest.raises(ConfigError, match=r"--checkpoint-s3-uri.*no bucket"):
+        TrainerConfig.from_spec(spec, run_dir=tmp_path, checkpoint_s3_uri="s3:///x")
+    with pytest.raises(ConfigError, match="name two buckets"):
+        TrainerConfig.from_spec(
+            spec, run_dir=tmp_path, checkpoint_dir="s3://a/x", checkpoint_s3_uri="s3://b/x"
+        )
+
+
+# --- real processes --------------------------------------------------------------------------
+
+
+def load_params(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's full model weights, read without a process group (DCP reshards)."""
+    assert (path / MARKER).is_file()
+    model = build_model(ModelConfig("vit-cpu-tiny", {}, 32, 10), seed=123)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(path))
+    return state["model"]
+
+
+def two_hosts(spec: Path, tmp: Path, uri: str, env: dict[str, str], *extra: str) -> None:
+    """Two torchrun agents (node rank 0 and 1, one FSDP rank each) with their own local
+    checkpoint and run folders, rendezvous on 127.0.0.1, checkpoints in ``uri``."""
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+            str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+            str(port), "-m", "training.trainer", "--spec", str(spec), "--synthetic-data",
+            "--run-dir", str(tmp / f"run-host{node}"),
+            "--checkpoint-dir", str(tmp / f"local-host{node}"), "--checkpoint-s3-uri", uri,
+            *extra,
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=240)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+
+
+@pytest.mark.timeout(600)
+def test_two_hosts_save_all_shards_to_s3_and_resume_from_empty_folders(
+    bucket: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    # The uninterrupted run: 2 FSDP ranks sharing one local folder, no S3.
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    spec = write_spec(
+        whole, strategy="fsdp", batch_size=GLOBAL_BATCH // 2, steps=STEPS, interval=2
+    )  # fmt: skip
+    argv = ["--spec", str(spec), "--run-dir", str(whole / "run"), "--synthetic-data"]
+    assert run_local(argv, 2, env={"OMP_NUM_THREADS": "1"}, timeout=240) == [0, 0]
+
+    uri = f"s3://{bucket}/ckpts"
+    cut = tmp_path / "cut"
+    two_hosts(spec, cut, uri, s3_env, "--steps", "2")
+    files = step_files(bucket, 2)
+    # Both ranks' shards (each written on its own host), DCP's metadata and the marker.
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", MARKER} <= files, files
+    # Each host's local folder held only its own rank's shard: S3 is the only whole copy.
+    assert not (cut / "local-host1" / "step-2" / "__0_0.distcp").exists()
+    assert not (cut / "local-host0" / "step-2" / "__1_0.distcp").exists()
+    s3 = boto3.client("s3")
+    stamps = {
+        n: s3.head_object(Bucket=bucket, Key=f"ckpts/step-2/{n}")["LastModified"] for n in files
+    }
+    assert stamps[MARKER] == max(stamps.values())
+
+    # Replacement hosts: empty local folders; they download step-2 and continue to step 4.
+    resumed = tmp_path / "resumed"
+    two_hosts(spec, resumed, uri, s3_env)
+    summary = json.loads((resumed / "run-host0" / "summary.json").read_text())
+    assert summary["start_step"] == 2 and summary["resumed_from"].endswith("step-2")
+    assert steps_in(bucket) == [2, 4]
+
+    s3_copy = tmp_path / "from-s3"
+    S3CheckpointStore(uri).download(STEPS, s3_copy)
+    a = load_params(whole / "checkpoints" / f"step-{STEPS}")
+    b = load_params(s3_copy)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_saves_to_s3_at_the_next_step_and_exits_0(
+    bucket: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, steps=100_000, interval=100_000)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir",
+           str(run_dir), "--synthetic-data", "--checkpoint-s3-uri", f"s3://{bucket}/c"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env={**os.environ, **s3_env, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM"
+    assert S3CheckpointStore(f"s3://{bucket}/c").latest_complete() == summary["steps"]
+    assert {"__0_0.distcp", ".metadata", MARKER} <= step_files(bucket, summary["steps"], "c")
+
+
+def test_trainer_in_process_resumes_from_s3(bucket: str, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, interval=2, batch_size=4)
+    uri = f"s3://{bucket}/ckpts"
+    for run, steps in (("a", 3), ("b", 5)):
+        config = TrainerConfig.from_spec(
+            load_spec(spec), run_dir=tmp_path / run, steps=steps, synthetic=True,
+            checkpoint_dir=tmp_path / f"local-{run}", checkpoint_s3_uri=uri,
+        )  # fmt: skip
+        trainer = Trainer(config)
+        try:
+            assert trainer.train() == 0
+        finally:
+            trainer.close()
+    assert trainer.restored is not None and trainer.restored.step == 3
+    assert trainer.stream.state_dict() == {"epoch": 0, "batch": 5}
+    assert steps_in(bucket) == [3, 4, 5]  # keep = 3
