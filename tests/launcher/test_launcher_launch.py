@@ -213,5 +213,8 @@ def test_ec2_trainer_plan_from_imds_tags_and_describe_instances(
     out = capsys.readouterr().out
     assert "--nnodes 2 --node-rank 1 --master-addr 10.0.0.40" in out
     assert "--data-servers 10.0.0.50:50051,10.0.0.51:50051" in out
-    # The trainer writes locally; the launcher syncs that folder with the S3 URI.
-    assert "--checkpoint-dir /tmp/hetero/checkpoints" in out
+    # Every trainer host stages its shards locally and the trainer itself uploads them to S3.
+    assert (
+        "--checkpoint-dir /tmp/hetero/checkpoints "
+        "--checkpoint-s3-uri s3://bucket/checkpoints/vit-test/"
+    ) in out

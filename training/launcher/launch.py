@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from training.launcher import checkpoint_sync, job_end, peers, roles
+from training.launcher import job_end, peers, roles
 from training.launcher.group import (
     SAGEMAKER_RESOURCECONFIG,
     GroupDetectionError,
@@ -73,10 +73,11 @@ class LaunchPlan:
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added for every process of the role."""
     checkpoint_s3_uri: str | None = None
-    """Trainer on AWS with an ``s3://`` checkpoint URI: the launcher syncs it with
-    ``checkpoint_dir`` (the trainer writes to a filesystem path)."""
+    """Trainer with an ``s3://`` checkpoint URI: passed as ``--checkpoint-s3-uri``; the trainer
+    uploads every host's shards and downloads the newest step on resume itself."""
     checkpoint_dir: str | None = None
-    """The trainer's checkpoint folder when the launcher chose it (else the spec's)."""
+    """The trainer's checkpoint folder when the launcher chose it (else the spec's); with an S3
+    URI, each host's local staging folder."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,6 +205,8 @@ def make_plan(
             checkpoint_dir=checkpoint_dir,
             env=env,
         )
+        if checkpoint_s3_uri is not None:
+            cmd = roles.RoleCommand((*cmd.argv, "--checkpoint-s3-uri", checkpoint_s3_uri), cmd.env)
         commands: tuple[tuple[str, roles.RoleCommand], ...] = (("trainer", cmd),)
     else:
         host = "127.0.0.1" if backend is Backend.LOCAL else "0.0.0.0"
@@ -295,16 +298,7 @@ def run(args: argparse.Namespace) -> int:
             extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
             print(f"{name}: {extra + ' ' if extra else ''}{shlex.join(cmd.argv)}")
         return 0
-    try:
-        uploader = _start_checkpoint_sync(plan, identity)
-    except Exception as e:  # S3 errors: starting without the checkpoint would lose progress
-        log.error("could not fetch checkpoints from %s: %s", plan.checkpoint_s3_uri, e)
-        return 1
-    try:
-        code, stopped = _run_role(plan, args)
-    finally:
-        if uploader is not None:
-            uploader.stop()  # one last upload: the save made on SIGTERM is in it
+    code, stopped = _run_role(plan, args)
     if stopped is not None:
         return exit_code_for_signal(stopped)
     if code == 0 and plan.backend is Backend.EC2 and plan.job_leader:
@@ -326,31 +320,6 @@ def _find_ec2_peers(spec: ClusterSpec, identity: GroupIdentity, timeout_s: float
         cluster=identity.cluster,
         timeout_s=timeout_s,
     )
-
-
-def _start_checkpoint_sync(
-    plan: LaunchPlan, identity: GroupIdentity
-) -> checkpoint_sync.CheckpointUploader | None:
-    """Download the newest S3 checkpoint (every trainer host) and, on the first trainer host,
-    start uploading new ones. None when checkpoints are not in S3."""
-    if plan.checkpoint_s3_uri is None or plan.checkpoint_dir is None:
-        return None
-    import boto3
-
-    s3 = boto3.client("s3", region_name=_region(identity))
-    local = Path(plan.checkpoint_dir)
-    local.mkdir(parents=True, exist_ok=True)
-    checkpoint_sync.download_latest(s3, plan.checkpoint_s3_uri, local)
-    if not plan.job_leader:
-        return None
-    if len(plan.peers.hosts[identity.group]) > 1:
-        log.warning(
-            "checkpoints sync from the first trainer host only: with several trainer hosts the "
-            "trainer's checkpoint folder must be on storage every host shares"
-        )
-    uploader = checkpoint_sync.CheckpointUploader(s3, local, plan.checkpoint_s3_uri)
-    uploader.start()
-    return uploader
 
 
 def _run_role(plan: LaunchPlan, args: argparse.Namespace) -> tuple[int, int | None]:
