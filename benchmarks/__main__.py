@@ -24,6 +24,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.trainer_gpu",
         "ViT-B/16 bf16 samples/s and MFU (--device cpu: smoke)",
     ),
+    "offload": (
+        "benchmarks.offload",
+        "trainer on one core: local augmentation vs a data server on the other (target >= 1.8x)",
+    ),
     "trainer_memory": (
         "benchmarks.trainer_memory",
         "memory per rank, hsdp vs ddp, 4 CPU processes",
