@@ -8,12 +8,17 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 from timm.data import create_transform
+from timm.data.auto_augment import RandAugment
 
 from training.spec import Recipe
 
 # timm's RandAugment policy string used by the DeiT/ViT recipes: 2 ops, magnitude 9 with std 0.5,
 # magnitude increasing with strength.
 RANDAUGMENT_POLICY = "rand-m9-mstd0.5-inc1"
+# Sampled magnitudes are clipped here rather than at timm's 10: at exactly 10 timm's
+# PosterizeIncreasing keeps 0 bits, which Pillow >= 13 rejects with ValueError (~1% of images).
+# Just below 10 it keeps 1 bit; every other op is unchanged to within 0.1%.
+_RANDAUGMENT_MAGNITUDE_MAX = 9.99
 
 Transform = Callable[[Image.Image], torch.Tensor]
 
@@ -40,6 +45,12 @@ def build_transform(recipe: Recipe | str, image_size: int) -> Transform:
         auto_augment=RANDAUGMENT_POLICY if recipe is Recipe.RANDAUGMENT else None,
         interpolation="bilinear",
     )
+    if recipe is Recipe.RANDAUGMENT:
+        # The policy string only takes an integer mmax, so the cap is set on the built ops.
+        for step in getattr(transform, "transforms", ()):
+            if isinstance(step, RandAugment):
+                for op in step.ops:
+                    op.magnitude_max = _RANDAUGMENT_MAGNITUDE_MAX
     return transform
 
 
