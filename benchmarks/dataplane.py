@@ -128,17 +128,17 @@ def measure_transport(
     per_epoch = batch * chunk * 8
     server = _child(["--serve-premade", str(batch), str(size), str(per_epoch)])
     assert server.stdout is not None
-    port = int(server.stdout.readline().split()[1])
-    address = f"127.0.0.1:{port}"
-    client = DataPlaneClient(
-        [address],
-        batch_size=batch,
-        prefetch_batches=prefetch,
-        chunk_batches=chunk,
-        image_size=size,
-        rpc_timeout_s=60,
-    )
+    client: DataPlaneClient | None = None
     try:
+        port = int(server.stdout.readline().split()[1])
+        client = DataPlaneClient(
+            [f"127.0.0.1:{port}"],
+            batch_size=batch,
+            prefetch_batches=prefetch,
+            chunk_batches=chunk,
+            image_size=size,
+            rpc_timeout_s=60,
+        )
         client.wait_for_servers(timeout_s=60)
         for _ in client.iter_epoch(0):  # warm-up: connections, allocator, code paths
             pass
@@ -153,7 +153,8 @@ def measure_transport(
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         client.shutdown_servers(grace_s=1.0)
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -167,14 +168,19 @@ def measure_transport(
     }
 
 
-def measure_local_augmentation(size: int, images: int) -> dict[str, float]:
-    """CPU-seconds per 1,000 images for the standard recipe on this host, from JPEG bytes."""
+# Training augmentation decodes the full-size originals: ImageNet's most common size is 500x375.
+BASELINE_SOURCE_PX = (500, 375)
+
+
+def measure_local_augmentation(size: int, images: int) -> dict[str, Any]:
+    """CPU-seconds per 1,000 images for the standard recipe on this host, from JPEG bytes of
+    ImageNet's typical size (decode, RandomResizedCrop, flip: what the trainer host would do)."""
     import torch
 
     from training.data import SyntheticImages, build_transform, decode_image
 
     torch.set_num_threads(1)
-    source = SyntheticImages(images, 1000, size)
+    source = SyntheticImages(images, 1000, size, source_size=BASELINE_SOURCE_PX)
     encoded = [source.read(i) for i in range(images)]
     transform = build_transform("standard", size)
     for data in encoded[:20]:

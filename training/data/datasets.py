@@ -45,15 +45,23 @@ def _check_index(index: int, length: int) -> None:
 
 class SyntheticImages:
     """Images made on the fly, deterministically from the index: a class colour plus a smooth
-    per-sample pattern and noise, JPEG-encoded at ~8/7 of the crop size (256 px for 224) so that
-    decode and RandomResizedCrop cost what they cost on ImageNet-like data."""
+    per-sample pattern and noise, JPEG-encoded. By default the source is a square of ~8/7 of the
+    crop size (256 px for 224: cheap to make, decode and crop); ``source_size=(500, 375)`` makes
+    images of ImageNet's most common size (~100 KB), for measurements of real decode cost."""
 
-    def __init__(self, num_samples: int, num_classes: int, image_size: int) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        num_classes: int,
+        image_size: int,
+        source_size: tuple[int, int] | None = None,
+    ) -> None:
         if num_samples < 1 or num_classes < 1:
             raise ValueError("synthetic dataset needs num_samples >= 1 and num_classes >= 1")
         self.num_samples = num_samples
         self.num_classes = num_classes
-        self.source_size = max(16, round(image_size * 8 / 7))
+        side = max(16, round(image_size * 8 / 7))
+        self.source_size: tuple[int, int] = source_size or (side, side)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -69,10 +77,11 @@ class SyntheticImages:
         # A coarse random grid upsampled bilinearly gives smooth structure that JPEG encodes
         # to a realistic size; the noise keeps it from compressing to nothing.
         coarse = rng.integers(-60, 60, size=(8, 8, 3)) + colour
+        width, height = self.source_size
         base = Image.fromarray(np.clip(coarse, 0, 255).astype(np.uint8)).resize(
-            (self.source_size, self.source_size), Image.Resampling.BILINEAR
+            (width, height), Image.Resampling.BILINEAR
         )
-        noise = rng.integers(0, 25, size=(self.source_size, self.source_size, 3), dtype=np.uint8)
+        noise = rng.integers(0, 25, size=(height, width, 3), dtype=np.uint8)
         # Scale to 0..229 first so adding 0..24 of noise cannot overflow uint8.
         pixels = ((np.asarray(base, dtype=np.uint16) * 230) >> 8).astype(np.uint8) + noise
         out = io.BytesIO()

@@ -13,26 +13,19 @@ import logging
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from training.data.batch import Batch
 from training.dataplane.server import SERVICE_NAME, channel_options
 from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
+from training.dataplane.wire import ReceivedBatch, decode_batch
 
 log = logging.getLogger(__name__)
-
-# Batches are views on the received bytes (no copy: receive CPU is what the design saves); torch
-# warns that such tensors are read-only. Documented on Batch; silence only that warning, only here.
-warnings.filterwarnings(
-    "ignore", message="The given buffer is not writable", category=UserWarning, module=__name__
-)
 
 # Codes that mean "this request is wrong", not "this server is unwell": retrying cannot help.
 _FATAL_CODES = (
@@ -88,32 +81,6 @@ class Intervals:
         return [(a, b) for a, b in gaps if b > a]
 
 
-def batch_from_message(msg: dataplane_pb2.Batch) -> Batch:
-    """Wrap a received message as a ``Batch`` without copying the pixels (a view on the
-    message's bytes)."""
-    if msg.dtype != "uint8" or len(msg.shape) != 4:
-        raise DataPlaneError(f"unexpected batch encoding: dtype {msg.dtype!r}, shape {msg.shape}")
-    shape = tuple(msg.shape)
-    n = shape[0]
-    if n == 0:
-        images = torch.empty(shape, dtype=torch.uint8)
-    else:
-        images = torch.frombuffer(msg.pixels, dtype=torch.uint8).view(shape)
-    return Batch(
-        images=images,
-        labels=torch.tensor(msg.labels, dtype=torch.int64),
-        sample_ids=torch.tensor(msg.sample_ids, dtype=torch.int64),
-    )
-
-
-@dataclass
-class _Received:
-    batch: Batch
-    start: int
-    stop: int
-    skipped: int
-
-
 @dataclass
 class _StreamDone:
     address: str
@@ -133,7 +100,7 @@ class _EpochRun:
         self.stop = threading.Event()
         # Bounded: when the trainer is slow the stream threads block, gRPC flow control then
         # stops the server, whose bounded in-flight work stops its workers (backpressure).
-        self.queue: queue.Queue[_Received | _StreamDone] = queue.Queue(client.prefetch_batches)
+        self.queue: queue.Queue[ReceivedBatch | _StreamDone] = queue.Queue(client.prefetch_batches)
         self.calls: dict[str, grpc.RpcContext] = {}
         self.errors: dict[str, str] = {}
         self.threads = [
@@ -147,7 +114,7 @@ class _EpochRun:
         with self.cond:
             return sum(b - a for a, b in self.work)
 
-    def _put(self, item: _Received | _StreamDone) -> bool:
+    def _put(self, item: ReceivedBatch | _StreamDone) -> bool:
         while not self.stop.is_set():
             try:
                 self.queue.put(item, timeout=0.2)
@@ -174,7 +141,7 @@ class _EpochRun:
 
     def _stream_loop(self, address: str) -> None:
         c = self.client
-        stub = c._stub(address)
+        stream = c._stream_batches(address)
         failures = 0
         backoff = c.backoff_s
         error: BaseException | None = None
@@ -195,18 +162,12 @@ class _EpochRun:
                     image_size=c.image_size,
                 )
                 try:
-                    call = stub.StreamBatches(request, timeout=c.rpc_timeout_s)
+                    call = stream(request, timeout=c.rpc_timeout_s)
                     self.calls[address] = call
-                    for msg in call:
-                        received = _Received(
-                            batch_from_message(msg),
-                            msg.position_start,
-                            msg.position_stop,
-                            len(msg.skipped_ids),
-                        )
+                    for received in call:
                         if not self._put(received):
                             break
-                        reached = msg.position_stop
+                        reached = received.position_stop
                     if reached < stop and not self.stop.is_set():
                         raise DataPlaneError(
                             f"{address} ended range [{start}, {stop}) at {reached}"
@@ -320,9 +281,15 @@ class DataPlaneClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._num_samples = num_samples
-        self._channels = {
-            a: grpc.insecure_channel(a, options=channel_options()) for a in self.addresses
-        }
+        # Each stream is read by its own thread: with single-threaded unary-stream calls that
+        # thread reads the messages itself, without a hand-off from gRPC's polling thread
+        # (about 10% less receive CPU per batch measured here).
+        options = [
+            *channel_options(),
+            # = grpc.experimental.ChannelOptions.SingleThreadedUnaryStream
+            ("SingleThreadedUnaryStream", 1),
+        ]
+        self._channels = {a: grpc.insecure_channel(a, options=options) for a in self.addresses}
         self._epoch = 0
         self._consumed = Intervals()
         self.skipped_samples = 0
@@ -332,6 +299,15 @@ class DataPlaneClient:
 
     def _stub(self, address: str) -> dataplane_pb2_grpc.DataPlaneStub:
         return dataplane_pb2_grpc.DataPlaneStub(self._channels[address])
+
+    def _stream_batches(self, address: str) -> grpc.UnaryStreamMultiCallable:
+        """StreamBatches yielding ``ReceivedBatch``: the generated stub's, except that the
+        images stay a view on the received bytes (``wire.decode_batch``) instead of two copies."""
+        return self._channels[address].unary_stream(
+            f"/{SERVICE_NAME}/StreamBatches",
+            request_serializer=dataplane_pb2.StreamBatchesRequest.SerializeToString,
+            response_deserializer=decode_batch,
+        )
 
     def wait_for_servers(self, timeout_s: float = 60.0) -> list[str]:
         """Wait until every server reports SERVING (standard health check) or ``timeout_s``
@@ -495,7 +471,7 @@ class DataPlaneClient:
                         break
                     continue
                 self.skipped_samples += item.skipped
-                self._consumed.add(item.start, item.stop)
+                self._consumed.add(item.position_start, item.position_stop)
                 if len(item.batch):
                     yield item.batch
         finally:

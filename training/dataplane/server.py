@@ -21,7 +21,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from training.data.augment import AugmentedSamples
 from training.data.order import batch_seed, epoch_order
 from training.dataplane.sources import AugmentingBatchSource, BatchSource, BatchWork
-from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
+from training.dataplane.v1 import dataplane_pb2
+from training.dataplane.wire import encode_batch
 from training.spec import ClusterSpec, Recipe
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
     ]
 
 
-class DataPlaneServicer(dataplane_pb2_grpc.DataPlaneServicer):
+class DataPlaneServicer:
     """Serves one ``BatchSource``; ``on_shutdown(grace_s)`` is called by the Shutdown RPC."""
 
     def __init__(
@@ -127,7 +128,8 @@ class DataPlaneServicer(dataplane_pb2_grpc.DataPlaneServicer):
 
     def StreamBatches(
         self, request: dataplane_pb2.StreamBatchesRequest, context: grpc.ServicerContext
-    ) -> Iterator[dataplane_pb2.Batch]:
+    ) -> Iterator[bytes]:
+        """Yields encoded ``Batch`` messages (``wire.encode_batch``: the pixels copied once)."""
         problem = self.validate(request)
         if problem is not None:
             log.warning("refused StreamBatches from %s: %s", context.peer(), problem)
@@ -163,16 +165,7 @@ class DataPlaneServicer(dataplane_pb2_grpc.DataPlaneServicer):
                         len(samples.skipped_ids),
                         samples.skipped_ids,
                     )
-                yield dataplane_pb2.Batch(
-                    shape=samples.pixels.shape,
-                    dtype="uint8",
-                    pixels=samples.pixels.tobytes(),
-                    labels=samples.labels.tolist(),
-                    sample_ids=samples.sample_ids.tolist(),
-                    position_start=start,
-                    position_stop=stop,
-                    skipped_ids=samples.skipped_ids,
-                )
+                yield encode_batch(samples, start, stop)
         finally:
             # Client went away or the stream failed: do not augment batches nobody will read.
             for _, _, future in pending:
@@ -224,6 +217,30 @@ class _Stopper:
         self._server.stop(grace_s)
 
 
+def _add_dataplane_servicer(servicer: DataPlaneServicer, server: grpc.Server) -> None:
+    """``add_DataPlaneServicer_to_server`` with one change: StreamBatches yields bytes already
+    encoded by ``wire.encode_batch``, so its response serializer is the identity (None)."""
+    pb = dataplane_pb2
+    handlers = {
+        "StreamBatches": grpc.unary_stream_rpc_method_handler(
+            servicer.StreamBatches,
+            request_deserializer=pb.StreamBatchesRequest.FromString,
+            response_serializer=None,
+        ),
+        "GetInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetInfo,
+            request_deserializer=pb.GetInfoRequest.FromString,
+            response_serializer=pb.ServerInfo.SerializeToString,
+        ),
+        "Shutdown": grpc.unary_unary_rpc_method_handler(
+            servicer.Shutdown,
+            request_deserializer=pb.ShutdownRequest.FromString,
+            response_serializer=pb.ShutdownResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
 def create_server(
     source: BatchSource,
     *,
@@ -247,7 +264,7 @@ def create_server(
     servicer = DataPlaneServicer(
         source, stopper, inflight_batches=inflight_batches, max_message_bytes=max_message_bytes
     )
-    dataplane_pb2_grpc.add_DataPlaneServicer_to_server(servicer, server)
+    _add_dataplane_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = server.add_insecure_port(address)
