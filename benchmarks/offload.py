@@ -39,7 +39,7 @@ TARGET = 1.8
 # A ViT sized so that one core's training step on a 160 px batch costs about what RandAugment
 # of that batch costs (the regime where offloading approaches 2x); measured, not assumed.
 DEFAULT_MODEL = "vit_tiny_patch16_224"
-DEFAULT_OVERRIDES = {"patch_size": 16, "depth": 1, "embed_dim": 64, "num_heads": 2}
+DEFAULT_OVERRIDES = {"patch_size": 16, "depth": 2, "embed_dim": 64, "num_heads": 2}
 QUICK_OVERRIDES = {"patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}
 
 
@@ -320,7 +320,7 @@ def run(s: Settings) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smoke mode: tiny model, a few steps")
     p.add_argument("--model", help=f"timm name or trainer preset (default {DEFAULT_MODEL})")
-    p.add_argument("--overrides", help="timm keyword overrides as JSON (default: a 1-block ViT)")
+    p.add_argument("--overrides", help="timm keyword overrides as JSON (default: a 2-block ViT)")
     p.add_argument("--image-size", type=int, help="crop size (default 160; quick 32)")
     p.add_argument("--batch-size", type=int, help="per step (default 32; quick 8)")
     p.add_argument("--steps", type=int, help="timed steps per run (default 40; quick 3)")
