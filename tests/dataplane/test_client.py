@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from training.data import Batch
-from training.dataplane.client import DataPlaneClient, DataPlaneUnavailable, Intervals
+from training.dataplane.client import (
+    DataPlaneClient,
+    DataPlaneError,
+    DataPlaneUnavailable,
+    Intervals,
+)
 from training.dataplane.processes import ServerProcess, start_server_process
 from training.dataplane.server import create_server
 from training.dataplane.sources import AugmentingBatchSource
@@ -48,6 +53,24 @@ def test_epoch_delivers_every_sample_once(two_servers: list[str]) -> None:
     b = batches[0]
     assert b.images.dtype.is_floating_point is False and b.images.shape[1:] == (3, 32, 32)
     assert (b.labels == b.sample_ids % 10).all()
+
+
+def test_shares_split_the_epoch_between_clients(two_servers: list[str]) -> None:
+    # Two trainer ranks, each with its own client over both servers and its own block.
+    ids = []
+    for share in ((0, 48), (48, 96)):
+        with DataPlaneClient(two_servers, batch_size=8, seed=3, share=share) as client:
+            got = _ids(list(client.iter_epoch(0)))
+        assert len(got) == 48
+        ids.append(got)
+    assert not set(ids[0]) & set(ids[1])
+    assert sorted(ids[0] + ids[1]) == list(range(96))
+    with pytest.raises(ValueError, match="stop > start"):
+        DataPlaneClient(two_servers, batch_size=8, share=(10, 10))
+    beyond = DataPlaneClient(two_servers, batch_size=8, share=(0, 200))
+    with pytest.raises(DataPlaneError, match="beyond the epoch's 96 samples"):
+        list(beyond.iter_epoch(0))
+    beyond.close()
 
 
 def test_state_restore_resumes_without_loss_or_repeat(two_servers: list[str]) -> None:

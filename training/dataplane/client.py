@@ -66,18 +66,20 @@ class Intervals:
             j += 1
         self.spans[i:j] = [[start, stop]]
 
-    def total(self) -> int:
-        return sum(b - a for a, b in self.spans)
+    def total(self, start: int = 0, stop: int | None = None) -> int:
+        """Positions covered within [start, stop) (default: all)."""
+        hi = stop if stop is not None else max((b for _, b in self.spans), default=0)
+        return sum(max(0, min(b, hi) - max(a, start)) for a, b in self.spans)
 
-    def complement(self, length: int) -> list[tuple[int, int]]:
-        """The gaps in [0, length)."""
-        gaps, at = [], 0
+    def complement(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The gaps in [start, stop)."""
+        gaps, at = [], start
         for a, b in self.spans:
             if a > at:
-                gaps.append((at, min(a, length)))
+                gaps.append((at, min(a, stop)))
             at = max(at, b)
-        if at < length:
-            gaps.append((at, length))
+        if at < stop:
+            gaps.append((at, stop))
         return [(a, b) for a, b in gaps if b > a]
 
 
@@ -240,6 +242,8 @@ class DataPlaneClient:
     received ahead of the trainer; each range handed to a server is ``chunk_batches`` batches.
     Every RPC has a ``rpc_timeout_s`` deadline; a failing server is retried with exponential
     backoff up to ``max_retries`` times in a row before its work goes to the others.
+    ``share`` limits each epoch to positions ``[start, stop)``: a trainer rank's block, so ranks
+    that each run a client over the same servers see disjoint samples.
     """
 
     def __init__(
@@ -257,6 +261,7 @@ class DataPlaneClient:
         max_retries: int = 4,
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
+        share: tuple[int, int] | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("DataPlaneClient needs at least one data server address (host:port)")
@@ -281,6 +286,8 @@ class DataPlaneClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._num_samples = num_samples
+        self._share: tuple[int, int] | None = None
+        self.share = share
         # Each stream is read by its own thread: with single-threaded unary-stream calls that
         # thread reads the messages itself, without a hand-off from gRPC's polling thread
         # (about 10% less receive CPU per batch measured here).
@@ -405,6 +412,24 @@ class DataPlaneClient:
     # ---- epochs and state ------------------------------------------------------------------
 
     @property
+    def share(self) -> tuple[int, int]:
+        """The positions [start, stop) of each epoch this client delivers (default: all)."""
+        n = self.num_samples
+        if self._share is None:
+            return (0, n)
+        if self._share[1] > n:
+            raise DataPlaneError(f"share {self._share} is beyond the epoch's {n} samples")
+        return self._share
+
+    @share.setter
+    def share(self, value: tuple[int, int] | None) -> None:
+        if value is not None and not 0 <= value[0] < value[1]:
+            raise ValueError(
+                f"share must be positions [start, stop) with stop > start, got {value}"
+            )
+        self._share = value
+
+    @property
     def epoch(self) -> int:
         return self._epoch
 
@@ -447,13 +472,13 @@ class DataPlaneClient:
         """Every sample of ``epoch`` not yet consumed, exactly once, as ``Batch``es. Raises
         ``DataPlaneError`` on a refused request, ``DataPlaneUnavailable`` if every server failed
         while positions remain."""
-        n = self.num_samples
+        lo, hi = self.share
         if epoch != self._epoch:
             self._epoch, self._consumed = epoch, Intervals()
             self.skipped_samples = 0
         chunk = self.chunk_batches * self.batch_size
         ranges: list[tuple[int, int]] = []
-        for gap_start, gap_stop in self._consumed.complement(n):
+        for gap_start, gap_stop in self._consumed.complement(lo, hi):
             ranges += [(a, min(a + chunk, gap_stop)) for a in range(gap_start, gap_stop, chunk)]
         if not ranges:
             return
@@ -480,10 +505,10 @@ class DataPlaneClient:
             if isinstance(failure, DataPlaneError):
                 raise failure
             raise DataPlaneError(f"data plane stream failed: {failure!r}") from failure
-        left = n - self._consumed.total()
+        left = (hi - lo) - self._consumed.total(lo, hi)
         if left:
             lines = "\n".join(f"  {a}: {run.errors.get(a, 'gone')}" for a in self.addresses)
             raise DataPlaneUnavailable(
-                f"every data server failed with {left} of {n} samples of epoch {epoch} "
+                f"every data server failed with {left} of {hi - lo} samples of epoch {epoch} "
                 f"left:\n{lines}"
             )

@@ -1,10 +1,8 @@
 """Batches from the gRPC data servers: one ``DataPlaneClient`` per trainer rank.
 
-The client serves a whole epoch (positions ``0..num_samples``) to whoever asks; with several
-ranks each must see a disjoint share. The client has no rank argument, so the share is made
-with its own resume state: positions outside this rank's block are marked consumed before each
-epoch, and the client only ever requests the block ``[rank * per_rank, (rank + 1) * per_rank)``
-(``per_rank`` is a whole number of batches, equal on every rank).
+Every rank runs a client over every server; each client's ``share`` is this rank's block of the
+epoch's positions, ``[rank * per_rank, (rank + 1) * per_rank)`` (``per_rank`` is a whole number
+of batches, equal on every rank), so ranks see disjoint samples.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from training.data import Batch
-from training.dataplane.client import STATE_VERSION, DataPlaneClient
+from training.dataplane.client import DataPlaneClient
 from training.trainer.config import TrainerConfig
 from training.trainer.inputs import EndOfData, rank_positions
 
@@ -43,6 +41,7 @@ class DataPlaneBatches:
         self.batches_per_epoch, _ = rank_positions(n, rank, world_size, config.batch_size)
         per_rank = self.batches_per_epoch * config.batch_size
         self._block = (rank * per_rank, (rank + 1) * per_rank)
+        self.client.share = self._block
         log.info(
             "data plane: %d/%d server(s) serving; rank %d takes positions [%d, %d) of %d",
             len(serving), len(config.input.data_servers), rank, *self._block, n,
@@ -52,22 +51,10 @@ class DataPlaneBatches:
         self._iter: Iterator[Batch] | None = None
         self._restored: dict[str, Any] | None = None
 
-    def _mask(self, epoch: int) -> dict[str, Any]:
-        """Client state for ``epoch`` where everything outside this rank's block is consumed."""
-        lo, hi = self._block
-        n = self.client.num_samples
-        spans = [[a, b] for a, b in ((0, lo), (hi, n)) if b > a]
-        return {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "seed": self.client.seed,
-            "num_samples": n,
-            "consumed": spans,
-        }
-
     def _open(self) -> Iterator[Batch]:
-        self.client.load_state_dict(self._restored or self._mask(self.epoch))
-        self._restored = None
+        if self._restored is not None:
+            self.client.load_state_dict(self._restored)
+            self._restored = None
         return self.client.iter_epoch(self.epoch)
 
     def next(self) -> Batch:
