@@ -287,8 +287,14 @@ def _run_trainer(
         nproc_per_node=n,
     )
     log.info("trainer: %d process(es), %d data server(s); output in %s", n, len(servers), run_dir)
+    env = {**os.environ, **cmd.env}
+    if visible_gpus() == 0 and "OMP_NUM_THREADS" not in os.environ:
+        # CPU ranks share the cores with the data servers; torchrun with one rank does not limit
+        # threads, and oversubscribed ranks ran 4-5x slower per step on a 2-core machine.
+        cores = os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // (n + len(servers))))
     # The trainer writes to this console directly: its progress is the run's progress.
-    trainer = sup.start("trainer", cmd.argv, env={**os.environ, **cmd.env}, stop_workers=True)
+    trainer = sup.start("trainer", cmd.argv, env=env, stop_workers=True)
     # On Ctrl-C the trainer gets SIGTERM (checkpoint, exit) and the grace period to do it.
     return sup.wait(trainer)
 
