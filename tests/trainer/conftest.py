@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from training.trainer.checkpoint import MARKER
+from training.trainer.config import ModelConfig
+from training.trainer.model import build_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 GROUPS = """
 name = "trainer-test"
@@ -66,3 +77,36 @@ strategy = "{strategy}"
 @pytest.fixture
 def tiny_spec(tmp_path: Path) -> Path:
     return write_spec(tmp_path)
+
+
+def load_params(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's full model weights, read without a process group (DCP reshards)."""
+    assert (path / MARKER).is_file()
+    model = build_model(ModelConfig("vit-cpu-tiny", {}, 32, 10), seed=123)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(path))
+    return state["model"]
+
+
+def sigterm_after_metrics(
+    cmd: list[str], *, env: dict[str, str], run_dir: Path, lines: int
+) -> subprocess.CompletedProcess[str]:
+    """Run a trainer, send SIGTERM once its ``metrics.jsonl`` has ``lines`` lines, and return
+    how it ended (its output and exit code)."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= lines:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out)

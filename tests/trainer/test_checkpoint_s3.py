@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,19 +18,17 @@ from typing import Any
 import boto3
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from moto.server import ThreadedMotoServer
 from torch import nn
 
 from training.spec import load_spec
 from training.trainer.checkpoint import MARKER, Checkpointer, CheckpointStorageError
 from training.trainer.checkpoint_s3 import S3CheckpointStore
-from training.trainer.config import ConfigError, ModelConfig, TrainerConfig
+from training.trainer.config import ConfigError, TrainerConfig
 from training.trainer.local_run import free_port, run_local
-from training.trainer.model import build_model
 from training.trainer.train import Trainer
 
-from .conftest import write_spec
+from .conftest import load_params, sigterm_after_metrics, write_spec
 
 REPO = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH = 8
@@ -208,15 +204,6 @@ def test_config_accepts_an_s3_checkpoint_dir_and_names_bad_uris(tmp_path: Path) 
 # --- real processes --------------------------------------------------------------------------
 
 
-def load_params(path: Path) -> dict[str, torch.Tensor]:
-    """A checkpoint's full model weights, read without a process group (DCP reshards)."""
-    assert (path / MARKER).is_file()
-    model = build_model(ModelConfig("vit-cpu-tiny", {}, 32, 10), seed=123)
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(path))
-    return state["model"]
-
-
 def two_hosts(spec: Path, tmp: Path, uri: str, env: dict[str, str], *extra: str) -> None:
     """Two torchrun agents (node rank 0 and 1, one FSDP rank each) with their own local
     checkpoint and run folders, rendezvous on 127.0.0.1, checkpoints in ``uri``."""
@@ -304,24 +291,10 @@ def test_sigterm_saves_to_s3_at_the_next_step_and_exits_0(
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir",
            str(run_dir), "--synthetic-data", "--checkpoint-s3-uri", f"s3://{bucket}/c"]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env={**os.environ, **s3_env, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
+    ended = sigterm_after_metrics(
+        cmd, env={**os.environ, **s3_env, "OMP_NUM_THREADS": "1"}, run_dir=run_dir, lines=2
+    )
+    assert ended.returncode == 0, ended.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM"
     assert S3CheckpointStore(f"s3://{bucket}/c").latest_complete() == summary["steps"]

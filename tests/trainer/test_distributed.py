@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
-from training.trainer.checkpoint import MARKER, latest_complete
-from training.trainer.config import ModelConfig
+from training.trainer.checkpoint import latest_complete
 from training.trainer.local_run import run_local
-from training.trainer.model import build_model
 
-from .conftest import write_spec
+from .conftest import load_params, sigterm_after_metrics, write_spec
 
 REPO = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH = 8
@@ -110,38 +105,13 @@ def test_hsdp_on_a_2x2_mesh_matches_single_process(tmp_path: Path, reference) ->
     assert summary["strategy"] == "hsdp" and summary["mesh"] == [2, 2]
 
 
-def load_params(path: Path) -> dict[str, torch.Tensor]:
-    """A checkpoint's full model weights, read without a process group (DCP reshards)."""
-    assert (path / MARKER).is_file()
-    model = build_model(ModelConfig("vit-cpu-tiny", {}, 32, 10), seed=123)
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(path))
-    return state["model"]
-
-
 def test_sigterm_checkpoints_at_the_next_step_and_exits_0(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=100_000, interval=100_000)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir",
            str(run_dir), "--synthetic-data"]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
+    ended = sigterm_after_metrics(cmd, env={**os.environ, **ENV}, run_dir=run_dir, lines=3)
+    assert ended.returncode == 0, ended.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM"
     newest = latest_complete(tmp_path / "checkpoints")
