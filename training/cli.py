@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from training.spec import SpecError
+
 # name -> (module, one-line help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "spec": ("training.spec_cli", "validate a cluster spec and show what it describes"),
@@ -33,7 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except SpecError as e:
+        # Every subcommand reads the spec; a bad one is reported the same way by all of them.
+        print(e, file=sys.stderr)
+        return 2
 
 
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.console import Console
 from rich.table import Table
 
-from training.spec import SpecError, load_spec
+from training.spec import load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,11 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
+    spec = load_spec(args.spec)
     table = Table(title=f"{spec.name} ({spec.source})")
     for col in ("group", "role", "instance types", "count", "market", "EFA", "ranks", "USD/h"):
         table.add_column(col)

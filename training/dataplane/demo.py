@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from training.spec import SpecError, load_spec
+from training.spec import load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,11 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.servers < 1 or args.seconds <= 0:
         print("--servers must be at least 1 and --seconds positive", file=sys.stderr)
         return 2
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
+    spec = load_spec(args.spec)
     # Deferred: torch and gRPC load only once the arguments are good.
     from training.dataplane.client import DataPlaneClient
     from training.dataplane.processes import ServerProcess, start_server_process

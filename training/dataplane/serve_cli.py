@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from training.spec import SpecError, load_spec
+from training.spec import load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,11 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
+    spec = load_spec(args.spec)
     if args.port is not None and not 0 <= args.port <= 65535:
         print(f"--port must be 0-65535, got {args.port}", file=sys.stderr)
         return 2

@@ -16,7 +16,6 @@ import logging
 import os
 import shlex
 import signal
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,7 +40,7 @@ from training.launcher.names import (
 )
 from training.launcher.spot import SpotWatcher
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
-from training.spec import ClusterSpec, Role, SpecError, load_spec
+from training.spec import ClusterSpec, Role, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +237,7 @@ def make_plan(
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return EXIT_CONFIG
+    spec = load_spec(args.spec)
     imds = ImdsClient(args.imds_url, timeout_s=args.imds_timeout)
     resourceconfig = Path(args.resourceconfig)
     try:

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from training.launcher import roles
 from training.launcher.peers import LOOPBACK
 from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
-from training.spec import ClusterSpec, SpecError, load_spec
+from training.spec import ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
+    spec = load_spec(args.spec)
     if args.nproc is not None and args.nproc < 1:
         print(f"--nproc must be at least 1, got {args.nproc}", file=sys.stderr)
         return 2
