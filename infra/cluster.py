@@ -165,8 +165,10 @@ class InstanceRole(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="PeerDiscovery",
-                # DescribeInstances supports no resource-level permissions: Resource must be "*".
-                actions=["ec2:DescribeInstances"],
+                # Neither action supports resource-level permissions: Resource must be "*".
+                # DescribeAutoScalingInstances tells the data plane which running instances
+                # their group is terminating (lifecycle state Terminating:Wait).
+                actions=["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances"],
                 resources=["*"],
             )
         )

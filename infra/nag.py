@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 REASON_STAR_REQUIRED = (
     "These actions support no resource-level permissions, so AWS requires Resource '*': "
-    "ecr:GetAuthorizationToken (registry login), ec2:DescribeInstances (peer discovery), "
+    "ecr:GetAuthorizationToken (registry login), ec2:DescribeInstances and "
+    "autoscaling:DescribeAutoScalingInstances (peer and data server discovery), "
     "cloudwatch:PutMetricData (scoped by a cloudwatch:namespace condition instead) and, for "
     "SageMaker, the EC2 network-interface actions it needs to join the cluster subnet."
 )

@@ -175,14 +175,25 @@ class PricesSpec:
 class DataPlaneSpec:
     port: int = 50051
     """Port each data server listens on (locally: the first; the others follow)."""
-    prefetch_batches: int = 4
-    """Batches the trainer-side client buffers (bounded: backpressure)."""
-    chunk_batches: int = 4
-    """Batches per range of sample ids handed to a data server at a time."""
+    prefetch_batches: int = 8
+    """The reorder window: batches a trainer rank's client requests or holds ahead of the
+    trainer (its memory is this many batches; batches reach the trainer in the planned order)."""
+    chunk_batches: int = 2
+    """Batches per range of positions handed to a data server stream at a time."""
+    streams_per_server: int = 1
+    """Concurrent streams (each its own connection) from a trainer rank to each data server."""
+    refresh_s: float = 5.0
+    """How often the trainer asks where the data servers are (joiners get work after this)."""
+    wait_for_data_s: float = 600.0
+    """How long the trainer waits for a batch while no data server delivers (counted as
+    data-wait) before it fails."""
     workers_per_server: int = 0
     """Augmentation worker processes per data server (0: one per core)."""
     rpc_timeout_s: float = 60.0
     """Deadline for each RPC."""
+    server_memory_mb: int = 0
+    """Bound on batch bytes in flight across all streams of a data server, in MB (0: derived
+    from the host's memory)."""
 
 
 @dataclass(frozen=True)
@@ -498,14 +509,29 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
         timeout = r.get(dp_t, "rpc_timeout_s", float, d.dataplane.rpc_timeout_s)
         if timeout <= 0:
             r.problem("rpc_timeout_s", f"must be positive, got {timeout}")
+        seconds: dict[str, float] = {}
+        for key in ("refresh_s", "wait_for_data_s"):
+            value = r.get(dp_t, key, float, getattr(d.dataplane, key))
+            if not 0 < value < float("inf"):
+                r.problem(key, f"must be a positive number of seconds, got {value}")
+                value = getattr(d.dataplane, key)
+            seconds[key] = value
         dataplane = DataPlaneSpec(
             port=port,
             prefetch_batches=r.positive(dp_t, "prefetch_batches", d.dataplane.prefetch_batches),
             chunk_batches=r.positive(dp_t, "chunk_batches", d.dataplane.chunk_batches),
+            streams_per_server=r.positive(
+                dp_t, "streams_per_server", d.dataplane.streams_per_server
+            ),
+            refresh_s=seconds["refresh_s"],
+            wait_for_data_s=seconds["wait_for_data_s"],
             workers_per_server=r.positive(
                 dp_t, "workers_per_server", d.dataplane.workers_per_server, minimum=0
             ),
             rpc_timeout_s=timeout,
+            server_memory_mb=r.positive(
+                dp_t, "server_memory_mb", d.dataplane.server_memory_mb, minimum=0
+            ),
         )
 
     steps = r.positive(t, "steps", 0) if "steps" in t else None

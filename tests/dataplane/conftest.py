@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -71,3 +71,9 @@ def server_address(small_source: AugmentingBatchSource) -> Iterator[str]:
 def channel(server_address: str) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(server_address) as ch:
         yield ch
+
+
+@pytest.fixture
+def make_spec() -> Callable[[Path, int], Path]:
+    """``write_spec`` for tests that need another dataset size."""
+    return write_spec

@@ -106,13 +106,17 @@ def _free_port() -> int:
 
 def test_no_server_reachable_is_a_clear_error() -> None:
     address = f"127.0.0.1:{_free_port()}"
-    client = DataPlaneClient([address], batch_size=4, num_samples=16, backoff_s=0.05, max_retries=1)
+    client = DataPlaneClient(
+        [address], batch_size=4, num_samples=16, backoff_s=0.05, wait_for_data_s=1.5
+    )
     with pytest.raises(DataPlaneUnavailable, match="no data server is reachable") as err:
         client.wait_for_servers(timeout_s=1.0)
-    assert address in str(err.value)
-    with pytest.raises(DataPlaneUnavailable, match="16 of 16 samples of epoch 0") as err:
+    assert address in str(err.value) and "UNAVAILABLE" in str(err.value)
+    # Iterating waits (bounded by wait_for_data_s), then names the address and its error.
+    with pytest.raises(DataPlaneUnavailable, match="no batch for position 0 of epoch 0") as err:
         list(client.iter_epoch(0))
     assert address in str(err.value) and "UNAVAILABLE" in str(err.value)
+    assert "wait_for_data_s" in str(err.value)
     client.close()
 
 
@@ -126,7 +130,6 @@ def test_killing_one_of_two_server_processes_loses_and_repeats_nothing(spec_path
             chunk_batches=3,
             rpc_timeout_s=30,
             backoff_s=0.05,
-            max_retries=2,
         )
         client.wait_for_servers(timeout_s=60)
         ids: list[int] = []

@@ -19,6 +19,7 @@ from training import aws_tags
 STAR_ONLY_ACTIONS = {
     "ecr:GetAuthorizationToken",
     "ec2:DescribeInstances",
+    "autoscaling:DescribeAutoScalingInstances",
     "cloudwatch:PutMetricData",
     "ec2:CreateNetworkInterface",
     "ec2:CreateNetworkInterfacePermission",
@@ -331,6 +332,8 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
         "StringEquals": {"cloudwatch:namespace": [aws_tags.METRICS_NAMESPACE]}
     }
     assert by_action["ec2:DescribeInstances"]["Resource"] == "*"
+    # The data plane drops instances their Auto Scaling group is terminating.
+    assert by_action["autoscaling:DescribeAutoScalingInstances"]["Resource"] == "*"
     assert "ecr:BatchGetImage" in by_action
     assert "logs:PutLogEvents" in by_action
     # No broad write to EC2 or IAM.

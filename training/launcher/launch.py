@@ -194,13 +194,21 @@ def make_plan(
                 socket_ifname=network_interface,
             )
         )
+        # On EC2 the trainer keeps looking for data servers by the cluster's tags while it runs
+        # (a replacement comes back at a new address). A SageMaker job's hosts are fixed for
+        # its lifetime (a managed Spot restart starts the whole job again): the list suffices.
+        data_servers: tuple[str, ...] = found_peers.data_servers
+        if spec.dataprep_groups and backend is Backend.EC2:
+            data_servers = (f"ec2:{identity.cluster or spec.name}",)
+            if identity.region:
+                env.setdefault(ENV_REGION, identity.region)
         cmd = roles.trainer_command(
             spec,
             spec_path=spec_path,
             run_dir=run_dir or default_dir,
             trainer_hosts=found_peers.trainer_hosts(spec),
             node_rank=found_peers.self_index,
-            data_servers=found_peers.data_servers,
+            data_servers=data_servers,
             checkpoint_dir=checkpoint_dir,
             env=env,
         )

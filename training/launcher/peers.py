@@ -79,17 +79,24 @@ def _host_key(host: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else -1, host)
 
 
-def sagemaker_peers(spec: ClusterSpec, resourceconfig: Mapping[str, Any]) -> Peers:
-    """Peers from SageMaker's ``resourceconfig.json`` (``instance_groups`` and ``current_host``).
-
-    Every spec group must appear as an instance group of the job with the same name.
-    """
+def sagemaker_hosts(resourceconfig: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Instance group name -> its hosts (``algo-2`` before ``algo-10``) in SageMaker's
+    ``resourceconfig.json``."""
     groups: dict[str, tuple[str, ...]] = {}
     for entry in resourceconfig.get("instance_groups", []) or []:
         name = entry.get("instance_group_name")
         hosts = entry.get("hosts", [])
         if isinstance(name, str) and isinstance(hosts, list):
             groups[name] = tuple(sorted((str(h) for h in hosts), key=_host_key))
+    return groups
+
+
+def sagemaker_peers(spec: ClusterSpec, resourceconfig: Mapping[str, Any]) -> Peers:
+    """Peers from SageMaker's ``resourceconfig.json`` (``instance_groups`` and ``current_host``).
+
+    Every spec group must appear as an instance group of the job with the same name.
+    """
+    groups = sagemaker_hosts(resourceconfig)
     missing = [g.name for g in spec.groups if g.name not in groups]
     if missing:
         raise PeerDiscoveryError(

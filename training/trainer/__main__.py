@@ -26,7 +26,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--data-servers",
         default="",
-        help="comma-separated host:port of data servers (default: local DataLoader)",
+        help="where the data servers are: host:port[,host:port...], file:PATH (one address a "
+        "line, read again every few seconds), ec2[:CLUSTER] (instances by the cluster's tags), "
+        "sagemaker[:PATH] (resourceconfig.json) or loopback (default: local DataLoader)",
     )
     p.add_argument("--steps", type=int, help="optimizer steps (overrides job.steps/epochs)")
     p.add_argument("--max-seconds", type=float, help="stop with a checkpoint after S seconds")
@@ -59,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = TrainerConfig.from_spec(
             load_spec(args.spec),
             run_dir=args.run_dir,
-            data_servers=args.data_servers.split(",") if args.data_servers else (),
+            data_servers=args.data_servers,
             steps=args.steps,
             max_seconds=args.max_seconds,
             checkpoint_dir=args.checkpoint_dir,

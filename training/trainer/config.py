@@ -85,8 +85,9 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class InputConfig:
     kind: InputKind
-    data_servers: tuple[str, ...] = ()
-    """``host:port`` of every data server (``dataplane`` only)."""
+    data_servers: str = ""
+    """Where the data servers are (``dataplane`` only): ``host:port,...``, ``file:PATH``,
+    ``ec2[:CLUSTER]``, ``sagemaker[:PATH]`` or ``loopback`` (``training.dataplane.discovery``)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class TrainerConfig:
         spec: ClusterSpec,
         *,
         run_dir: str | Path,
-        data_servers: Sequence[str] = (),
+        data_servers: Sequence[str] | str = (),
         steps: int | None = None,
         max_seconds: float | None = None,
         checkpoint_dir: str | Path | None = None,
@@ -136,11 +137,17 @@ class TrainerConfig:
             problems.append(f"--steps must be at least 1, got {steps}")
         if max_seconds is not None and max_seconds <= 0:
             problems.append(f"--max-seconds must be positive, got {max_seconds}")
-        servers = tuple(s.strip() for s in data_servers if s.strip())
-        for s in servers:
-            host, _, port = s.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                problems.append(f"--data-servers: {s!r} is not host:port (e.g. 127.0.0.1:50061)")
+        if isinstance(data_servers, str):
+            servers = data_servers.strip()
+        else:
+            servers = ",".join(s.strip() for s in data_servers if s.strip())
+        if servers:
+            from training.dataplane.discovery import parse_discovery
+
+            try:
+                parse_discovery(servers, spec)
+            except ValueError as e:
+                problems.append(f"--data-servers: {e}")
         if synthetic and servers:
             problems.append("--synthetic-data and --data-servers exclude each other; pick one")
         ckpt_field = "--checkpoint-dir" if checkpoint_dir is not None else "job.checkpoint.dir"

@@ -1,6 +1,7 @@
 """Batches from the gRPC data servers: one ``DataPlaneClient`` per trainer rank.
 
-Every rank runs a client over every server; each client's ``share`` is this rank's block of the
+Every rank runs a client over every data server its discovery source lists (servers that join
+mid-epoch get work; failed ones are retried); each client's ``share`` is this rank's block of the
 epoch's positions, ``[rank * per_rank, (rank + 1) * per_rank)`` (``per_rank`` is a whole number
 of batches, equal on every rank), so ranks see disjoint samples.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 from training.data import Batch
 from training.dataplane.client import DataPlaneClient
+from training.dataplane.discovery import parse_discovery
 from training.trainer.config import TrainerConfig
 from training.trainer.inputs import EndOfData, rank_positions
 
@@ -20,31 +22,38 @@ log = logging.getLogger(__name__)
 
 
 class DataPlaneBatches:
-    """This rank's share of each epoch, streamed from every data server."""
+    """This rank's share of each epoch, streamed from every data server discovery finds."""
 
     def __init__(self, config: TrainerConfig, *, rank: int, world_size: int) -> None:
         job = config.spec.job
         dp = job.dataplane
         self.epochs = config.epochs
+        self.discovery = parse_discovery(config.input.data_servers, config.spec)
         self.client = DataPlaneClient(
-            list(config.input.data_servers),
+            self.discovery,
             batch_size=config.batch_size,
             seed=config.seed,
             prefetch_batches=dp.prefetch_batches,
             chunk_batches=dp.chunk_batches,
+            streams_per_server=dp.streams_per_server,
             rpc_timeout_s=dp.rpc_timeout_s,
+            refresh_s=dp.refresh_s,
+            wait_for_data_s=dp.wait_for_data_s,
             recipe=job.augmentation.value,
             image_size=job.dataset.image_size,
         )
-        serving = self.client.wait_for_servers(timeout_s=dp.rpc_timeout_s)
+        # Start with the servers that are up (a late one joins when healthy), waiting for the
+        # first at most wait_for_data_s: a trainer that starts before its data tier waits.
+        serving = self.client.wait_for_servers(timeout_s=dp.wait_for_data_s, settle_s=10.0)
         n = self.client.num_samples
         self.batches_per_epoch, _ = rank_positions(n, rank, world_size, config.batch_size)
         per_rank = self.batches_per_epoch * config.batch_size
         self._block = (rank * per_rank, (rank + 1) * per_rank)
         self.client.share = self._block
         log.info(
-            "data plane: %d/%d server(s) serving; rank %d takes positions [%d, %d) of %d",
-            len(serving), len(config.input.data_servers), rank, *self._block, n,
+            "data plane (%s): %d/%d server(s) serving; rank %d takes positions [%d, %d) of %d",
+            self.discovery.describe(), len(serving), len(self.client.addresses), rank,
+            *self._block, n,
         )  # fmt: skip
         self.epoch = 0
         self._batch = 0

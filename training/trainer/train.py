@@ -183,6 +183,16 @@ class Trainer:
         yield
 
     def _micro_step(self, batch: Batch, sync: bool) -> torch.Tensor:
+        empty = len(batch) == 0
+        if empty:
+            # Every sample of this batch was unreadable. The rank still steps, so every rank
+            # runs the same collectives: one blank image, its loss weighted 0 (zero gradients).
+            size = self.config.model.image_size
+            batch = Batch(
+                images=torch.zeros((1, 3, size, size), dtype=torch.uint8),
+                labels=torch.zeros(1, dtype=torch.int64),
+                sample_ids=torch.full((1,), -1, dtype=torch.int64),
+            )
         images = self.normalise(batch.images)
         labels = batch.labels.to(self.device, non_blocking=True)
         with (
@@ -190,6 +200,8 @@ class Trainer:
             torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast),
         ):
             loss = F.cross_entropy(self.model(images), labels) / self.config.grad_accum_steps
+            if empty:
+                loss = loss * 0.0
             loss.backward()
         return loss.detach()
 
