@@ -209,3 +209,25 @@ def test_cli_check_reports_problems(tmp_path: Path) -> None:
     )
     assert good.returncode == 0, good.stderr
     assert "dataprep" in good.stdout and "USD/h" in good.stdout
+
+
+def test_dataplane_churn_settings() -> None:
+    doc = spec_with(
+        job={
+            "batch_size": 8,
+            "dataplane": {"streams_per_server": 2, "refresh_s": 1, "wait_for_data_s": 30.5},
+        }
+    )
+    dp = parse_spec(doc).job.dataplane
+    assert (dp.streams_per_server, dp.refresh_s, dp.wait_for_data_s) == (2, 1.0, 30.5)
+    bad = spec_with(
+        job={
+            "batch_size": 8,
+            "dataplane": {"streams_per_server": 0, "refresh_s": 0, "wait_for_data_s": -1},
+        }
+    )
+    assert problems(bad) == [
+        "job.dataplane.refresh_s: must be a positive number of seconds, got 0.0",
+        "job.dataplane.wait_for_data_s: must be a positive number of seconds, got -1.0",
+        "job.dataplane.streams_per_server: must be at least 1, got 0",
+    ]

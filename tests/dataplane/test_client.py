@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from training.data import Batch
 from training.dataplane.client import (
@@ -19,8 +20,8 @@ from training.dataplane.client import (
 )
 from training.dataplane.processes import ServerProcess, start_server_process
 from training.dataplane.server import create_server
-from training.dataplane.sources import AugmentingBatchSource
-from training.spec import DatasetSpec
+from training.dataplane.sources import AugmentingBatchSource, PremadeBatchSource
+from training.spec import DatasetSource, DatasetSpec
 
 
 @pytest.fixture
@@ -152,3 +153,46 @@ def test_killing_one_of_two_server_processes_loses_and_repeats_nothing(spec_path
             if s.process.poll() is None:
                 s.process.kill()
                 s.process.wait()
+
+
+def test_server_of_another_dataset_is_not_admitted(two_servers: list[str]) -> None:
+    other = PremadeBatchSource(64, image_size=32, max_batch=8, num_classes=10)
+    server, port = create_server(other, port=0)
+    odd = f"127.0.0.1:{port}"
+    try:
+        with DataPlaneClient([*two_servers, odd], batch_size=8, num_samples=96) as client:
+            assert client.wait_for_servers(timeout_s=3, settle_s=1) == two_servers
+            assert "serves 64 samples, the job has 96" in client.pool.errors()[odd]
+            assert sorted(_ids(list(client.iter_epoch(0)))) == list(range(96))
+            assert client.batches_by_server[odd] == 0
+    finally:
+        server.stop(0).wait()
+
+
+def test_batch_of_unreadable_samples_keeps_its_slot(tmp_path: Path) -> None:
+    """Batch size 1: each broken file is a batch with no image. It is still yielded, so every
+    rank counts the same batches per epoch (a rank short of one would hang the last step)."""
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i in range(4):
+            Image.new("RGB", (40, 40), (30 * i, 90, 10)).save(tmp_path / cls / f"{i}.png")
+    for name in ("cat/broken.png", "dog/broken.jpg"):
+        (tmp_path / name).write_bytes(b"not an image")
+    source = AugmentingBatchSource(
+        DatasetSpec(source=DatasetSource.FOLDER, path=str(tmp_path), image_size=32),
+        workers=1,
+        processes=False,
+    )
+    server, port = create_server(source, port=0)
+    try:
+        counts = []
+        for share in ((0, 5), (5, 10)):
+            with DataPlaneClient([f"127.0.0.1:{port}"], batch_size=1, share=share) as client:
+                batches = list(client.iter_epoch(0))
+                counts.append([len(b) for b in batches])
+                assert client.skipped_samples == counts[-1].count(0)
+    finally:
+        server.stop(0).wait()
+        source.close()
+    assert [len(c) for c in counts] == [5, 5]
+    assert sum(c.count(0) for c in counts) == 2 and sum(map(sum, counts)) == 8

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
+import torch
 
+from training.data.augment import AugmentedSamples
 from training.dataplane.server import create_server
-from training.dataplane.sources import PremadeBatchSource
+from training.dataplane.sources import BatchWork, PremadeBatchSource
 from training.spec import load_spec
 from training.trainer.config import TrainerConfig
 from training.trainer.inputs import EndOfData
@@ -68,3 +73,35 @@ def test_training_from_data_servers_ends_them_at_job_end(tmp_path: Path, servers
     for server, address in servers:
         # grpc's wait_for_termination returns True when it timed out.
         assert not server.wait_for_termination(timeout=10), f"{address} still running"
+
+
+class _SampleZeroUnreadable(PremadeBatchSource):
+    """Premade batches, except that the batch holding sample 0 comes back with every sample
+    skipped (as when all its files are unreadable)."""
+
+    def submit(self, work: BatchWork) -> Future[AugmentedSamples]:
+        if 0 not in work.indices:
+            return super().submit(work)
+        empty = np.empty((0, 3, self.image_size, self.image_size), dtype=np.uint8)
+        none = np.empty(0, dtype=np.int64)
+        future: Future[AugmentedSamples] = Future()
+        future.set_result(AugmentedSamples(empty, none, none, list(work.indices)))
+        return future
+
+
+def test_batch_of_unreadable_samples_still_takes_a_step(tmp_path: Path) -> None:
+    source = _SampleZeroUnreadable(SAMPLES, image_size=32, max_batch=8, num_classes=10)
+    server, port = create_server(source, port=0)
+    try:
+        trainer = Trainer(config(tmp_path, [f"127.0.0.1:{port}"], epochs=1))
+        try:
+            assert trainer.train() == 0
+        finally:
+            trainer.close()
+    finally:
+        server.stop(0)
+    # Every batch of the epoch took its step, the empty one included (ranks agree on the
+    # count), and its zero-weighted loss left the model finite.
+    assert trainer.summary["steps"] == SAMPLES // 4 and trainer.summary["stopped_by"] == "epochs"
+    assert math.isfinite(trainer.summary["final_loss"])
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
