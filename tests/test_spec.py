@@ -231,3 +231,13 @@ def test_dataplane_churn_settings() -> None:
         "job.dataplane.wait_for_data_s: must be a positive number of seconds, got -1.0",
         "job.dataplane.streams_per_server: must be at least 1, got 0",
     ]
+
+
+def test_dataplane_server_memory() -> None:
+    assert parse_spec(spec_with()).job.dataplane.server_memory_mb == 0  # derived from the host
+    doc = spec_with(job={"batch_size": 8, "dataplane": {"server_memory_mb": 2048}})
+    assert parse_spec(doc).job.dataplane.server_memory_mb == 2048
+    bad = spec_with(job={"batch_size": 8, "dataplane": {"server_memory_mb": -1}})
+    assert problems(bad) == ["job.dataplane.server_memory_mb: must be at least 0, got -1"]
+    wrong_type = spec_with(job={"batch_size": 8, "dataplane": {"server_memory_mb": "1 GB"}})
+    assert any("server_memory_mb" in p for p in problems(wrong_type))

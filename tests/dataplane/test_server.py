@@ -1,8 +1,13 @@
-"""The data server on 127.0.0.1 (port 0): streaming, bad requests, health, Shutdown, skips."""
+"""The data server on 127.0.0.1 (port 0): streaming, bad requests, health, Shutdown, skips,
+the memory budget."""
 
 from __future__ import annotations
 
 import io
+import logging
+import math
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -12,10 +17,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
 from training.data import epoch_order
-from training.dataplane.server import SERVICE_NAME, create_server
-from training.dataplane.sources import AugmentingBatchSource
+from training.dataplane.server import (
+    SERVICE_NAME,
+    batch_memory_bytes,
+    channel_options,
+    create_server,
+)
+from training.dataplane.sources import AugmentingBatchSource, PremadeBatchSource
 from training.dataplane.v1 import dataplane_pb2 as pb
 from training.dataplane.v1 import dataplane_pb2_grpc as pb_grpc
+from training.dataplane.wire import decode_batch
 from training.spec import DatasetSource, DatasetSpec
 
 
@@ -58,6 +69,75 @@ def test_bad_request_is_invalid_argument_and_server_keeps_serving(
     # The same server still serves a good request.
     good = list(stub.StreamBatches(pb.StreamBatchesRequest(stop=4, batch_size=4), timeout=30))
     assert len(good) == 1 and len(good[0].sample_ids) == 4
+
+
+def _is_serving(channel: grpc.Channel) -> bool:
+    health = health_pb2_grpc.HealthStub(channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5)
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _serves_a_good_request(channel: grpc.Channel) -> bool:
+    stub = pb_grpc.DataPlaneStub(channel)
+    good = list(stub.StreamBatches(pb.StreamBatchesRequest(stop=4, batch_size=4), timeout=30))
+    return len(good) == 1 and len(good[0].sample_ids) == 4
+
+
+@pytest.mark.parametrize(
+    ("method", "message_type", "body"),
+    [
+        ("StreamBatches", "StreamBatchesRequest", b"\xff\xff\xff"),
+        # Field 6 (recipe, a string) holding bytes that are not UTF-8.
+        ("StreamBatches", "StreamBatchesRequest", b"\x32\x02\xff\xfe"),
+        ("GetInfo", "GetInfoRequest", b"\xff\xff\xff"),
+        ("Shutdown", "ShutdownRequest", b"\xff\xff\xff"),
+        ("Shutdown", "ShutdownRequest", b"\x09\x00"),  # grace_s (a double) cut short
+    ],
+)
+def test_undecodable_request_is_invalid_argument_and_server_keeps_serving(
+    channel: grpc.Channel,
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    message_type: str,
+    body: bytes,
+) -> None:
+    path = f"/{SERVICE_NAME}/{method}"
+    with caplog.at_level(logging.WARNING), pytest.raises(grpc.RpcError) as err:
+        if method == "StreamBatches":
+            call = channel.unary_stream(path, request_serializer=None, response_deserializer=None)
+            list(call(body, timeout=10))
+        else:
+            channel.unary_unary(path, request_serializer=None, response_deserializer=None)(
+                body, timeout=10
+            )
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert f"request is not a valid {message_type}" in err.value.details()
+    # Refused, not crashed: no traceback logged (gRPC logs one when a deserializer raises).
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # A garbage Shutdown did not shut the server down; it still serves.
+    assert _is_serving(channel) and _serves_a_good_request(channel)
+
+
+@pytest.mark.parametrize("grace_s", [math.nan, math.inf, -math.inf, -1.0, 3600.5, 1e12])
+def test_shutdown_refuses_a_bad_grace_and_keeps_serving(
+    channel: grpc.Channel, grace_s: float
+) -> None:
+    stub = pb_grpc.DataPlaneStub(channel)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Shutdown(pb.ShutdownRequest(grace_s=grace_s), timeout=5)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "grace_s must be between 0 and 3600 seconds" in err.value.details()
+    assert _is_serving(channel) and _serves_a_good_request(channel)
+
+
+def test_shutdown_with_zero_grace_uses_the_default(small_source: AugmentingBatchSource) -> None:
+    server, port = create_server(small_source, port=0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            pb_grpc.DataPlaneStub(ch).Shutdown(pb.ShutdownRequest(grace_s=0), timeout=5)
+        assert server.wait_for_termination(timeout=10) is False
+    finally:
+        server.stop(0).wait()
 
 
 def test_get_info(channel: grpc.Channel) -> None:
@@ -135,3 +215,120 @@ def test_worker_processes_augment_reproducibly() -> None:
         source.close()
     assert [b.pixels for b in first] == [b.pixels for b in second]
     assert first[0].pixels != first[1].pixels
+
+
+def test_batch_of_only_unreadable_samples_is_still_sent(tmp_path: Path) -> None:
+    for c, cls in enumerate(["cat", "dog", "eel"]):
+        (tmp_path / cls).mkdir()
+        for i in range(4):
+            _write_image(tmp_path / cls / f"{i}.png", (40 * c, 100, 20 * i), "PNG")
+    source = AugmentingBatchSource(
+        DatasetSpec(source=DatasetSource.FOLDER, path=str(tmp_path), image_size=32),
+        workers=1,
+        processes=False,
+    )
+    # Break every sample of the second batch (positions [4, 8) of epoch 0, seed 0).
+    broken = sorted(epoch_order(0, 0, 12)[4:8].tolist())
+    for index in broken:
+        Path(source._source.samples[index][0]).write_bytes(b"not an image")  # type: ignore[attr-defined]
+    server, port = create_server(source, port=0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stream = ch.unary_stream(
+                f"/{SERVICE_NAME}/StreamBatches",
+                request_serializer=pb.StreamBatchesRequest.SerializeToString,
+                response_deserializer=None,
+            )
+            raw = list(stream(pb.StreamBatchesRequest(stop=12, batch_size=4), timeout=30))
+    finally:
+        server.stop(0).wait()
+        source.close()
+    assert len(raw) == 3
+    empty = pb.Batch.FromString(raw[1])
+    assert (empty.position_start, empty.position_stop) == (4, 8)
+    assert list(empty.shape) == [0, 3, 32, 32] and not empty.pixels and not empty.sample_ids
+    assert sorted(empty.skipped_ids) == broken
+    received = decode_batch(raw[1])
+    assert received.batch.images.shape == (0, 3, 32, 32) and received.skipped == 4
+    assert (received.position_start, received.position_stop) == (4, 8)
+    assert [len(pb.Batch.FromString(m).sample_ids) for m in (raw[0], raw[2])] == [4, 4]
+
+
+# ---- the memory budget -----------------------------------------------------------------------
+
+_BIG = 224  # px: a 32-image batch is 4.8 MB, more than a client's receive window
+# Small receive windows: what a client does not read stays in the server (BDP probing would let
+# several MB through to the client).
+_SMALL_WINDOW = [*channel_options(), ("grpc.http2.bdp_probe", 0)]
+
+
+@pytest.fixture
+def one_batch_server() -> Iterator[str]:
+    """A server whose memory budget holds one 32 x 224 px batch, with a 2 s batch timeout."""
+    source = PremadeBatchSource(512, image_size=_BIG, max_batch=32)
+    server, port = create_server(
+        source, port=0, memory_budget_bytes=batch_memory_bytes(32, _BIG), batch_timeout_s=2.0
+    )
+    yield f"127.0.0.1:{port}"
+    server.stop(0).wait()
+
+
+class FirstMessage:
+    """Reads a stream's first message in a thread: ``get(timeout_s)`` returns it, or the stream's
+    error, or None if neither came yet."""
+
+    def __init__(self, call: Iterator[pb.Batch]) -> None:
+        self._got: list[pb.Batch | grpc.RpcError] = []
+        self._done = threading.Event()
+        threading.Thread(target=self._read, args=(call,), daemon=True).start()
+
+    def _read(self, call: Iterator[pb.Batch]) -> None:
+        try:
+            self._got.append(next(call))
+        except grpc.RpcError as e:
+            self._got.append(e)
+        self._done.set()
+
+    def get(self, timeout_s: float) -> pb.Batch | grpc.RpcError | None:
+        return self._got[0] if self._done.wait(timeout_s) else None
+
+
+def test_stream_beyond_the_budget_waits_until_another_lets_go(one_batch_server: str) -> None:
+    with grpc.insecure_channel(one_batch_server, options=_SMALL_WINDOW) as ch:
+        stub = pb_grpc.DataPlaneStub(ch)
+        request = pb.StreamBatchesRequest(stop=96, batch_size=32)
+        holder = stub.StreamBatches(request, timeout=30)
+        waiter: Iterator[pb.Batch] | None = None
+        try:
+            # The holder reads one batch, then stops reading: the budget stays with it.
+            assert isinstance(FirstMessage(holder).get(10), pb.Batch)
+            waiter = stub.StreamBatches(request, timeout=30)
+            waiter_first = FirstMessage(waiter)
+            assert waiter_first.get(1.0) is None
+            holder.cancel()  # its bytes go back to the budget: the waiter goes on
+            first = waiter_first.get(10)
+            assert isinstance(first, pb.Batch) and first.position_start == 0
+            assert [b.position_start for b in waiter] == [32, 64]
+            # Nothing is left charged: a new stream runs to its end.
+            assert len(list(stub.StreamBatches(request, timeout=30))) == 3
+        finally:
+            holder.cancel()
+            if waiter is not None:
+                waiter.cancel()  # type: ignore[attr-defined]
+
+
+def test_stream_waiting_for_the_budget_too_long_is_resource_exhausted(
+    one_batch_server: str,
+) -> None:
+    with grpc.insecure_channel(one_batch_server, options=_SMALL_WINDOW) as ch:
+        stub = pb_grpc.DataPlaneStub(ch)
+        request = pb.StreamBatchesRequest(stop=96, batch_size=32)
+        holder = stub.StreamBatches(request, timeout=30)
+        try:
+            assert isinstance(FirstMessage(holder).get(10), pb.Batch)
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.StreamBatches(request, timeout=30))
+            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "memory budget" in err.value.details()
+        finally:
+            holder.cancel()

@@ -44,15 +44,19 @@ def start_server_process(
     host: str = "127.0.0.1",
     port: int = 0,
     workers: int | None = None,
+    memory_mb: int | None = None,
     timeout_s: float = 120.0,
     log_level: str = "WARNING",
 ) -> ServerProcess:
     """Start ``hetero serve`` for ``spec_path`` and wait until it prints the port it listens on.
+    ``workers`` and ``memory_mb`` (None: the spec's) are passed as ``--workers``/``--memory-mb``.
     Raises ``RuntimeError`` with the child's output if it exits or stays silent."""
     cmd = [sys.executable, "-m", "training.cli", "--log-level", log_level, "serve"]
     cmd += ["--spec", str(spec_path), "--host", host, "--port", str(port)]
     if workers is not None:
         cmd += ["--workers", str(workers)]
+    if memory_mb is not None:
+        cmd += ["--memory-mb", str(memory_mb)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
     assert proc.stdout is not None

@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="augmentation worker processes (default: job.dataplane.workers_per_server; 0: cores)",
     )
+    parser.add_argument(
+        "--memory-mb",
+        type=int,
+        default=None,
+        help="bound on batch bytes in flight across all streams, in MB (default: "
+        "job.dataplane.server_memory_mb; 0: derived from the host's memory)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 0:
         print(f"--workers must be 0 (one per core) or more, got {args.workers}", file=sys.stderr)
         return 2
+    if args.memory_mb is not None and args.memory_mb < 0:
+        print(
+            f"--memory-mb must be 0 (derived from the host's memory) or more, got {args.memory_mb}",
+            file=sys.stderr,
+        )
+        return 2
     # Deferred: torch and gRPC load only when a server is really started.
     from training.dataplane.server import serve
 
@@ -39,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return serve(
-            spec, port=args.port, host=args.host, workers=args.workers, on_listening=announce
+            spec,
+            port=args.port,
+            host=args.host,
+            workers=args.workers,
+            memory_mb=args.memory_mb,
+            on_listening=announce,
         )
     except (ValueError, OSError) as e:
         print(f"hetero serve: {e}", file=sys.stderr)

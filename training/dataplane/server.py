@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from types import FrameType
+from typing import NoReturn, TypeVar
 
 import grpc
 import torch
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from training.data.augment import AugmentedSamples
 from training.data.order import batch_seed, epoch_order
+from training.dataplane.budget import MB, ByteBudget, default_memory_budget_bytes
 from training.dataplane.sources import AugmentingBatchSource, BatchSource, BatchWork
 from training.dataplane.v1 import dataplane_pb2
 from training.dataplane.wire import encode_batch
@@ -34,6 +40,57 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _HEADER_BYTES_PER_SAMPLE = 32
 _HEADER_BYTES = 1024
 DEFAULT_GRACE_S = 5.0
+# A Shutdown RPC may give running streams up to an hour; more is a mistake, not a plan.
+MAX_GRACE_S = 3600.0
+# What one batch costs the memory budget, in multiples of its pixel bytes (N x 3 x S x S). At most
+# three copies of a batch's size are alive for it at once: the worker's result unpickled in this
+# process (briefly next to its pickled bytes), then the encoded message and gRPC's copy of it;
+# the previous message of the stream, which gRPC keeps until the client's flow control lets it
+# go, is the third while the result is gone. (Measured: with clients that stop reading, gRPC
+# holds about one sent message per stream.)
+BATCH_MEMORY_FACTOR = 3
+# How often a waiting stream (for the memory budget, for a worker) checks that its client is
+# still there.
+_POLL_S = 0.25
+
+_Request = TypeVar("_Request", bound=Message)
+
+
+@dataclass(frozen=True)
+class UndecodableRequest:
+    """A request body that is not a valid ``message_type`` (what the deserializer returns instead
+    of raising, so the handler can answer INVALID_ARGUMENT rather than gRPC's INTERNAL)."""
+
+    message_type: str
+    error: str
+
+
+def _lenient_deserializer(
+    message_type: type[_Request],
+) -> Callable[[bytes], _Request | UndecodableRequest]:
+    """``message_type.FromString`` that returns an ``UndecodableRequest`` for bytes that do not
+    parse, instead of raising."""
+
+    def deserialize(data: bytes) -> _Request | UndecodableRequest:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as e:
+            return UndecodableRequest(message_type.DESCRIPTOR.name, str(e))
+
+    return deserialize
+
+
+def _refuse_undecodable(request: UndecodableRequest, context: grpc.ServicerContext) -> NoReturn:
+    """Abort the RPC with INVALID_ARGUMENT: its request did not parse."""
+    problem = f"request is not a valid {request.message_type}: {request.error}"
+    log.warning("refused a request from %s: %s", context.peer(), problem)
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+
+def batch_memory_bytes(batch_size: int, image_size: int) -> int:
+    """What a batch of ``batch_size`` images of ``image_size`` px costs the server's memory
+    budget while it is in flight."""
+    return BATCH_MEMORY_FACTOR * batch_size * 3 * image_size * image_size
 
 
 def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -56,19 +113,25 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
 
 
 class DataPlaneServicer:
-    """Serves one ``BatchSource``; ``on_shutdown(grace_s)`` is called by the Shutdown RPC."""
+    """Serves one ``BatchSource``; ``on_shutdown(grace_s)`` is called by the Shutdown RPC.
+
+    ``memory_budget`` bounds the batch bytes in flight across all streams (``batch_memory_bytes``
+    per batch): a stream that does not fit waits, up to ``batch_timeout_s``, for others to send.
+    """
 
     def __init__(
         self,
         source: BatchSource,
         on_shutdown: Callable[[float], None],
         *,
+        memory_budget: ByteBudget,
         inflight_batches: int | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         batch_timeout_s: float = 120.0,
     ) -> None:
         self._source = source
         self._on_shutdown = on_shutdown
+        self._budget = memory_budget
         # Bounded work per stream: enough to keep every worker busy, no more (backpressure: a
         # slow client stops the server's work for it, through gRPC flow control and this bound).
         self._inflight = inflight_batches or max(2, 2 * max(1, source.workers))
@@ -124,12 +187,76 @@ class DataPlaneServicer:
             )
         return None
 
+    def _wait_for_budget(self, nbytes: int, context: grpc.ServicerContext) -> bool:
+        """Take ``nbytes`` from the memory budget, waiting while other streams hold it. Returns
+        False when the client went away meanwhile; aborts the RPC (RESOURCE_EXHAUSTED) when the
+        budget stays full for ``batch_timeout_s``."""
+        deadline = time.monotonic() + self._batch_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if self._budget.acquire(nbytes, timeout=max(0.0, min(_POLL_S, remaining))):
+                return True
+            if not context.is_active():
+                return False
+            if remaining <= 0:
+                problem = (
+                    f"the server's memory budget ({self._budget.limit // MB} MB) stayed full "
+                    f"for {self._batch_timeout_s:g}s; retry later or on another server"
+                )
+                log.warning("StreamBatches from %s: %s", context.peer(), problem)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, problem)
+
+    def _encode_next(
+        self,
+        pending: collections.deque[tuple[int, int, int, futures.Future[AugmentedSamples]]],
+        context: grpc.ServicerContext,
+    ) -> tuple[bytes, int] | None:
+        """Wait for the oldest pending batch and encode it; returns the message and the bytes it
+        holds of the memory budget, or None when the client went away meanwhile. (A function of
+        its own so that the worker's result is freed when it returns: only the message stays
+        alive while gRPC sends it.)"""
+        start, stop, charge, future = pending.popleft()
+        deadline = time.monotonic() + self._batch_timeout_s
+        # Waits in short steps: a stream whose client is gone stops at once (its ``finally``
+        # cancels the batches queued for it) instead of when this batch is done.
+        while not futures.wait([future], timeout=_POLL_S).done:
+            if not context.is_active():
+                return None
+            if time.monotonic() > deadline:
+                problem = f"batch [{start}, {stop}) took more than {self._batch_timeout_s:g}s"
+                log.error("%s", problem)
+                context.abort(grpc.StatusCode.INTERNAL, problem)
+        try:
+            samples = future.result(timeout=0)
+        except futures.CancelledError:
+            # The source was closed under this stream: the server is stopping.
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the data server is stopping")
+        except Exception as e:
+            log.exception("batch [%d, %d) failed", start, stop)
+            context.abort(grpc.StatusCode.INTERNAL, f"batch [{start}, {stop}) failed: {e}")
+        if samples.skipped_ids:
+            log.warning(
+                "skipped %d unreadable sample(s): %s", len(samples.skipped_ids), samples.skipped_ids
+            )
+        return encode_batch(samples, start, stop), charge
+
     # ---- RPCs ----------------------------------------------------------------------------
 
     def StreamBatches(
-        self, request: dataplane_pb2.StreamBatchesRequest, context: grpc.ServicerContext
+        self,
+        request: dataplane_pb2.StreamBatchesRequest | UndecodableRequest,
+        context: grpc.ServicerContext,
     ) -> Iterator[bytes]:
-        """Yields encoded ``Batch`` messages (``wire.encode_batch``: the pixels copied once)."""
+        """Yields encoded ``Batch`` messages (``wire.encode_batch``: the pixels copied once).
+
+        Each batch is charged to the memory budget before a worker is asked for it. Once gRPC
+        has taken the message, its charge stays with the stream (gRPC may hold the message until
+        the client's flow control lets it go) until the next message replaces it or the stream
+        ends; the stream's next batch takes that charge over instead of asking for more. A
+        stream only waits for the budget when it has nothing under way (else it sends what it
+        has first), so it never waits on bytes it holds itself."""
+        if isinstance(request, UndecodableRequest):
+            _refuse_undecodable(request, context)
         problem = self.validate(request)
         if problem is not None:
             log.warning("refused StreamBatches from %s: %s", context.peer(), problem)
@@ -137,43 +264,75 @@ class DataPlaneServicer:
         recipe = Recipe(request.recipe) if request.recipe else self._source.default_recipe
         size = request.image_size or self._source.image_size
         order = self._order(request.seed, request.epoch)
-        pending: collections.deque[tuple[int, int, futures.Future[AugmentedSamples]]] = (
+        pending: collections.deque[tuple[int, int, int, futures.Future[AugmentedSamples]]] = (
             collections.deque()
         )
+        held = 0  # bytes of the memory budget this stream holds, of which
+        retained = 0  # for the last message gRPC took
         position = request.start
         try:
             while position < request.stop or pending:
                 while position < request.stop and len(pending) < self._inflight:
                     end = min(position + request.batch_size, request.stop)
+                    charge = batch_memory_bytes(end - position, size)
+                    if pending:
+                        if not self._budget.acquire(charge, timeout=0):
+                            break  # send what is under way first
+                        held += charge
+                    elif retained >= charge:
+                        # The last message's charge carries over: this batch's covers both.
+                        charge, retained = retained, 0
+                    else:
+                        if retained:  # a bigger batch than the last: queue like a new stream
+                            self._budget.release(retained)
+                            held, retained = held - retained, 0
+                        if not self._wait_for_budget(charge, context):
+                            return  # the client went away while this stream waited
+                        held += charge
                     work = BatchWork(
                         indices=tuple(order[position:end].tolist()),
                         recipe=recipe,
                         image_size=size,
                         rng_seed=batch_seed(request.seed, request.epoch, position),
                     )
-                    pending.append((position, end, self._source.submit(work)))
+                    # ``held`` already counts the charge: if submit raises, ``finally`` frees it.
+                    try:
+                        future = self._source.submit(work)
+                    except RuntimeError as e:
+                        # The worker pool broke (a worker died; the source starts a new pool)
+                        # or was shut down (the server is stopping): the client retries.
+                        context.abort(
+                            grpc.StatusCode.UNAVAILABLE,
+                            f"cannot make batch [{position}, {end}): {e or type(e).__name__}",
+                        )
+                    pending.append((position, end, charge, future))
                     position = end
-                start, stop, future = pending.popleft()
-                try:
-                    samples = future.result(timeout=self._batch_timeout_s)
-                except Exception as e:
-                    log.exception("batch [%d, %d) failed", start, stop)
-                    context.abort(grpc.StatusCode.INTERNAL, f"batch [{start}, {stop}) failed: {e}")
-                if samples.skipped_ids:
-                    log.warning(
-                        "skipped %d unreadable sample(s): %s",
-                        len(samples.skipped_ids),
-                        samples.skipped_ids,
-                    )
-                yield encode_batch(samples, start, stop)
+                encoded = self._encode_next(pending, context)
+                if encoded is None:
+                    return  # the client went away
+                message, charge = encoded
+                del encoded
+                yield message
+                # Resumed: gRPC has taken the message and let go of the one before.
+                del message
+                if retained:
+                    self._budget.release(retained)
+                    held -= retained
+                retained = charge
         finally:
             # Client went away or the stream failed: do not augment batches nobody will read.
-            for _, _, future in pending:
+            for _, _, _, future in pending:
                 future.cancel()
+            if held:
+                self._budget.release(held)
 
     def GetInfo(
-        self, request: dataplane_pb2.GetInfoRequest, context: grpc.ServicerContext
+        self,
+        request: dataplane_pb2.GetInfoRequest | UndecodableRequest,
+        context: grpc.ServicerContext,
     ) -> dataplane_pb2.ServerInfo:
+        if isinstance(request, UndecodableRequest):
+            _refuse_undecodable(request, context)
         return dataplane_pb2.ServerInfo(
             num_samples=self._source.num_samples,
             num_classes=self._source.num_classes,
@@ -185,11 +344,21 @@ class DataPlaneServicer:
         )
 
     def Shutdown(
-        self, request: dataplane_pb2.ShutdownRequest, context: grpc.ServicerContext
+        self,
+        request: dataplane_pb2.ShutdownRequest | UndecodableRequest,
+        context: grpc.ServicerContext,
     ) -> dataplane_pb2.ShutdownResponse:
-        if request.grace_s < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grace_s must not be negative")
-        grace = request.grace_s or DEFAULT_GRACE_S
+        if isinstance(request, UndecodableRequest):
+            _refuse_undecodable(request, context)
+        grace = request.grace_s
+        if not (math.isfinite(grace) and 0 <= grace <= MAX_GRACE_S):
+            problem = (
+                f"grace_s must be between 0 and {MAX_GRACE_S:g} seconds "
+                f"(0: the server default, {DEFAULT_GRACE_S:g}s), got {grace}"
+            )
+            log.warning("refused Shutdown from %s: %s", context.peer(), problem)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        grace = grace or DEFAULT_GRACE_S
         log.info("Shutdown requested by %s (grace %.1fs)", context.peer(), grace)
         self._on_shutdown(grace)
         return dataplane_pb2.ShutdownResponse()
@@ -218,23 +387,25 @@ class _Stopper:
 
 
 def _add_dataplane_servicer(servicer: DataPlaneServicer, server: grpc.Server) -> None:
-    """``add_DataPlaneServicer_to_server`` with one change: StreamBatches yields bytes already
-    encoded by ``wire.encode_batch``, so its response serializer is the identity (None)."""
+    """``add_DataPlaneServicer_to_server`` with two changes: StreamBatches yields bytes already
+    encoded by ``wire.encode_batch``, so its response serializer is the identity (None); and a
+    request that does not parse reaches the handler as an ``UndecodableRequest`` (answered with
+    INVALID_ARGUMENT) instead of failing in gRPC as INTERNAL with a logged traceback."""
     pb = dataplane_pb2
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler] = {
         "StreamBatches": grpc.unary_stream_rpc_method_handler(
             servicer.StreamBatches,
-            request_deserializer=pb.StreamBatchesRequest.FromString,
+            request_deserializer=_lenient_deserializer(pb.StreamBatchesRequest),
             response_serializer=None,
         ),
         "GetInfo": grpc.unary_unary_rpc_method_handler(
             servicer.GetInfo,
-            request_deserializer=pb.GetInfoRequest.FromString,
+            request_deserializer=_lenient_deserializer(pb.GetInfoRequest),
             response_serializer=pb.ServerInfo.SerializeToString,
         ),
         "Shutdown": grpc.unary_unary_rpc_method_handler(
             servicer.Shutdown,
-            request_deserializer=pb.ShutdownRequest.FromString,
+            request_deserializer=_lenient_deserializer(pb.ShutdownRequest),
             response_serializer=pb.ShutdownResponse.SerializeToString,
         ),
     }
@@ -249,10 +420,17 @@ def create_server(
     max_concurrent_streams: int = 64,
     inflight_batches: int | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    memory_budget_bytes: int = 0,
+    batch_timeout_s: float = 120.0,
 ) -> tuple[grpc.Server, int]:
     """Start a data server for ``source`` on ``host:port`` (port 0: a free one) with health
-    checking; return ``(server, bound_port)``. The Shutdown RPC stops it gracefully; the caller
-    closes ``source`` after ``server.wait_for_termination()``."""
+    checking; return ``(server, bound_port)``. At most ``memory_budget_bytes`` of batches are in
+    flight across its streams (0: ``budget.default_memory_budget_bytes()``); a stream fails when a
+    batch (or its wait for the budget) takes longer than ``batch_timeout_s``. The Shutdown RPC
+    stops it gracefully; the caller closes ``source`` after ``server.wait_for_termination()``."""
+    if memory_budget_bytes < 0:
+        raise ValueError(f"memory_budget_bytes must be 0 or more, got {memory_budget_bytes}")
+    budget = ByteBudget(memory_budget_bytes or default_memory_budget_bytes())
     # Streams mostly wait on workers or flow control; threads beyond the worker count are cheap.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_concurrent_streams + 4),
@@ -262,7 +440,12 @@ def create_server(
     health_servicer = health.HealthServicer()
     stopper = _Stopper(health_servicer)
     servicer = DataPlaneServicer(
-        source, stopper, inflight_batches=inflight_batches, max_message_bytes=max_message_bytes
+        source,
+        stopper,
+        memory_budget=budget,
+        inflight_batches=inflight_batches,
+        max_message_bytes=max_message_bytes,
+        batch_timeout_s=batch_timeout_s,
     )
     _add_dataplane_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -275,13 +458,15 @@ def create_server(
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "data server on %s:%d: %d samples, %dpx, recipe %s, %d worker(s)",
+        "data server on %s:%d: %d samples, %dpx, recipe %s, %d worker(s), "
+        "memory budget %d MB for batches in flight",
         host,
         bound,
         source.num_samples,
         source.image_size,
         source.default_recipe.value,
         source.workers,
+        budget.limit // MB,
     )
     return server, bound
 
@@ -292,11 +477,15 @@ def serve(
     port: int | None = None,
     host: str = "0.0.0.0",
     workers: int | None = None,
+    memory_mb: int | None = None,
     on_listening: Callable[[int], None] | None = None,
 ) -> int:
     """Run a data server for ``spec`` until Shutdown RPC, SIGTERM or SIGINT; return 0 when it
-    stopped gracefully. ``on_listening(port)`` is called once it accepts requests."""
+    stopped gracefully. ``workers`` and ``memory_mb`` (the memory budget for batches in flight;
+    0: derived from the host's memory) override the spec. ``on_listening(port)`` is called once
+    it accepts requests."""
     dp = spec.job.dataplane
+    memory_mb = dp.server_memory_mb if memory_mb is None else memory_mb
     source = AugmentingBatchSource(
         spec.job.dataset,
         recipe=spec.job.augmentation,
@@ -304,7 +493,12 @@ def serve(
     )
     try:
         source.warm_up()
-        server, bound = create_server(source, port=dp.port if port is None else port, host=host)
+        server, bound = create_server(
+            source,
+            port=dp.port if port is None else port,
+            host=host,
+            memory_budget_bytes=memory_mb * MB,
+        )
 
         def _on_signal(signum: int, frame: FrameType | None) -> None:
             log.info("signal %d: stopping gracefully", signum)

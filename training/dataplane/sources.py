@@ -21,6 +21,7 @@ import torch
 from training.data.augment import AugmentedSamples, augment_samples
 from training.data.datasets import ImageSource, build_dataset
 from training.data.transforms import Transform, build_transform
+from training.dataplane.lifetime import init_worker_lifetime, start_guarded_forkserver
 from training.spec import DatasetSpec, Recipe
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ def _augment_in_worker(spec: DatasetSpec, work: BatchWork, reseed: bool) -> Augm
 
 
 def _init_worker() -> None:
+    # Die with the server, also when it is SIGKILLed (no orphaned workers holding memory).
+    init_worker_lifetime()
     # One thread per worker: the pool already has one worker per core.
     torch.set_num_threads(1)
 
@@ -93,7 +96,8 @@ class AugmentingBatchSource:
 
     ``processes=False`` runs the same code in threads of this process (small tests, debugging).
     A worker that dies is replaced: the pool is rebuilt and the batch fails (the stream reports
-    it and the client retries the range).
+    it and the client retries the range). The workers die with this process, also when it is
+    killed (``lifetime``): create the source on a thread that lives as long as the process.
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class AugmentingBatchSource:
             return ThreadPoolExecutor(self.workers, thread_name_prefix="augment")
         # forkserver: the server process runs gRPC threads, which fork() must not copy.
         ctx = multiprocessing.get_context("forkserver")
+        start_guarded_forkserver()
         return ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker)
 
     def submit(self, work: BatchWork) -> Future[AugmentedSamples]:

@@ -1,0 +1,91 @@
+"""Suite-wide check: no test leaves a process behind.
+
+At the start of the session a unique marker goes into this process's environment, so every
+process the tests start (and every process those start) carries it. After each test, any process
+that carries the marker, other than this pytest process and its own multiprocessing helpers, and
+was not already running when the test began (a process of a module-scoped fixture), is a leak: it
+gets a few seconds to exit, then it is killed and the test fails, naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+SESSION_ENV = "HETERO_TEST_SESSION"
+# How long a leftover process gets to finish exiting before it is killed and reported.
+EXIT_GRACE_S = 5.0
+# This pytest process's own multiprocessing helpers: they live as long as it does, and die with it.
+_OWN_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test starts a process: every child inherits the environment.
+    os.environ[SESSION_ENV] = uuid.uuid4().hex
+
+
+def _is_own_helper(proc: psutil.Process) -> bool:
+    try:
+        if proc.ppid() != os.getpid():
+            return False
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return any(helper in cmdline for helper in _OWN_HELPERS)
+
+
+def session_processes() -> set[psutil.Process]:
+    """Running processes started by this test session: they carry the session's marker in their
+    environment. Excludes this process and its own multiprocessing helpers."""
+    marker = os.environ[SESSION_ENV]
+    me = psutil.Process()
+    found: set[psutil.Process] = set()
+    for proc in psutil.process_iter(["create_time"]):
+        # Cheap filter first: a process older than this session cannot carry its marker.
+        if proc.pid == me.pid or (proc.info["create_time"] or 0) < me.create_time() - 1:
+            continue
+        try:
+            if proc.environ().get(SESSION_ENV) != marker:
+                continue
+        except psutil.Error:  # gone, a zombie, or not ours to read
+            continue
+        if not _is_own_helper(proc):
+            found.add(proc)
+    return found
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        cmdline = " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        cmdline = "?"
+    if len(cmdline) > 200:
+        cmdline = cmdline[:200] + "..."
+    return f"pid {proc.pid}: {cmdline}"
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """Fail the test (after killing them) if processes it started are still running after it."""
+    already_running = session_processes()
+    yield
+    left = session_processes() - already_running
+    if not left:
+        return
+    _, alive = psutil.wait_procs(left, timeout=EXIT_GRACE_S)
+    if not alive:
+        return
+    described = [_describe(p) for p in alive]  # before the kill: a dead process has no cmdline
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=EXIT_GRACE_S)
+    pytest.fail(
+        f"the test left {len(alive)} process(es) running (killed now):\n" + "\n".join(described),
+        pytrace=False,
+    )
