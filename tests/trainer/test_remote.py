@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from training.data.augment import AugmentedSamples
+from training.dataplane.processes import start_server_process
 from training.dataplane.server import create_server
 from training.dataplane.sources import BatchWork, PremadeBatchSource
 from training.spec import load_spec
@@ -21,7 +22,7 @@ from training.trainer.inputs import EndOfData
 from training.trainer.remote import DataPlaneBatches
 from training.trainer.train import Trainer
 
-from .conftest import write_spec
+from .conftest import load_params, write_spec
 
 SAMPLES = 64
 
@@ -105,3 +106,49 @@ def test_batch_of_unreadable_samples_still_takes_a_step(tmp_path: Path) -> None:
     assert trainer.summary["steps"] == SAMPLES // 4 and trainer.summary["stopped_by"] == "epochs"
     assert math.isfinite(trainer.summary["final_loss"])
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_resume_on_three_servers_equals_an_uninterrupted_run_on_one(tmp_path: Path) -> None:
+    """Real `hetero serve` processes (seeded augmentation in worker processes): 3 steps on three
+    servers, a restart on three others (new addresses), 3 more steps, ends with the same
+    weights, bit for bit, as 6 steps on one server. (Each run that reaches its step count ends
+    the job: it shuts its servers down, so every run gets its own.)"""
+    runs = {name: tmp_path / name for name in ("one", "three")}
+    specs = {}
+    for name, folder in runs.items():
+        folder.mkdir()
+        specs[name] = write_spec(folder, batch_size=4, steps=6, interval=100)
+    with ThreadPoolExecutor(7) as pool:
+        servers = list(pool.map(lambda _: start_server_process(specs["one"], workers=1), range(7)))
+    try:
+
+        def train(name: str, addresses: list[str], steps: int) -> Trainer:
+            cfg = TrainerConfig.from_spec(
+                load_spec(specs[name]), run_dir=runs[name] / "run", data_servers=addresses,
+                steps=steps,
+            )  # fmt: skip
+            trainer = Trainer(cfg)
+            try:
+                assert trainer.train() == 0
+            finally:
+                trainer.close()
+            return trainer
+
+        train("one", [servers[0].address], 6)
+        train("three", [s.address for s in servers[1:4]], 3)
+        resumed = train("three", [s.address for s in servers[4:7]], 6)
+        assert resumed.restored is not None and resumed.restored.step == 3
+        served = resumed.stream.client.batches_by_server  # type: ignore[attr-defined]
+        assert sum(1 for n in served.values() if n) >= 2, served
+        # Every run ended the job: its servers took the Shutdown RPC and exited 0.
+        assert [s.stop(timeout_s=30) for s in servers] == [0] * 7
+    finally:
+        for s in servers:
+            if s.process.poll() is None:
+                s.process.kill()
+                s.process.wait()
+    one = load_params(runs["one"] / "checkpoints" / "step-6")
+    three = load_params(runs["three"] / "checkpoints" / "step-6")
+    assert one.keys() == three.keys()
+    for key in one:
+        assert torch.equal(one[key], three[key]), key
