@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -152,3 +154,45 @@ def test_resume_on_three_servers_equals_an_uninterrupted_run_on_one(tmp_path: Pa
     assert one.keys() == three.keys()
     for key in one:
         assert torch.equal(one[key], three[key]), key
+
+
+def test_stop_while_waiting_for_data_checkpoints_the_position_before_the_step(
+    tmp_path: Path,
+) -> None:
+    """The data servers are gone and the trainer waits for data; a stop request (SIGTERM's
+    flag) ends the wait at once: the step it waited for is not applied, and the checkpoint
+    holds the data position from before it."""
+    source = PremadeBatchSource(SAMPLES, image_size=32, max_batch=8, num_classes=10)
+    server, port = create_server(source, port=0)
+    cfg = config(tmp_path, [f"127.0.0.1:{port}"], epochs=1000)
+    trainer = Trainer(cfg)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(trainer.train()))
+    try:
+        thread.start()
+        deadline = time.monotonic() + 60
+        while trainer.step < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.stop(0).wait()  # every data server gone: the trainer runs out and waits
+        steps, still = trainer.step, time.monotonic()
+        while time.monotonic() - still < 1.5 and time.monotonic() < deadline:
+            if trainer.step != steps:
+                steps, still = trainer.step, time.monotonic()
+            time.sleep(0.05)
+        asked = time.monotonic()
+        trainer.stop.request()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the trainer did not stop while waiting for data"
+        assert time.monotonic() - asked < 10
+    finally:
+        trainer.stop.request()
+        thread.join(timeout=30)
+        trainer.close()
+        server.stop(0)
+    assert result == [0] and trainer.step == steps
+    assert trainer.summary["stopped_by"] == "peer" and trainer.summary["steps"] == steps
+    saved = trainer._data_state
+    assert saved is not None and saved["client"] is not None
+    consumed = sum(b - a for a, b in saved["client"]["consumed"])
+    per_epoch = SAMPLES // 4
+    assert saved["epoch"] * per_epoch * 4 + consumed == steps * 4  # no batch of the void step

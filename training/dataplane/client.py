@@ -20,7 +20,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,11 @@ class DataPlaneError(RuntimeError):
 
 class DataPlaneUnavailable(DataPlaneError):
     """No data server delivered in time; the message lists each address and its last error."""
+
+
+class DataWaitInterrupted(DataPlaneError):
+    """``interrupt()`` said to stop while the trainer waited for its next batch (a stop was
+    requested); the batch was not consumed."""
 
 
 @dataclass
@@ -290,6 +295,11 @@ class _EpochRun:
                     self.next += 1
                     self.cond.notify_all()  # the window moved: streams may take more
                     return received
+                if c.interrupt is not None and c.interrupt():
+                    raise DataWaitInterrupted(
+                        f"stopped while waiting for position {self.batches[self.next][0]} "
+                        f"of epoch {self.epoch}"
+                    )
                 now = time.monotonic()
                 waited = now - started
                 position = self.batches[self.next][0]
@@ -410,6 +420,9 @@ class DataPlaneClient:
         """Samples the servers could not read this epoch (skipped, not delivered)."""
         self.batches_by_server: collections.Counter[str] = collections.Counter()
         """Batches received from each server (since the client was made)."""
+        self.interrupt: Callable[[], bool] | None = None
+        """Checked while the trainer waits for a batch: True ends the wait with
+        ``DataWaitInterrupted`` (the trainer was asked to stop)."""
 
     # ---- servers ---------------------------------------------------------------------------
 

@@ -26,6 +26,10 @@ class EndOfData(Exception):
     """The configured number of epochs is done."""
 
 
+class DataInterrupted(Exception):
+    """A stop was requested while this rank waited for its next batch (none was consumed)."""
+
+
 class BatchStream(Protocol):
     epoch: int
 

@@ -9,14 +9,14 @@ of batches, equal on every rank), so ranks see disjoint samples.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from training.data import Batch
-from training.dataplane.client import DataPlaneClient
+from training.dataplane.client import DataPlaneClient, DataWaitInterrupted
 from training.dataplane.discovery import parse_discovery
 from training.trainer.config import TrainerConfig
-from training.trainer.inputs import EndOfData, rank_positions
+from training.trainer.inputs import DataInterrupted, EndOfData, rank_positions
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +66,24 @@ class DataPlaneBatches:
             self._restored = None
         return self.client.iter_epoch(self.epoch)
 
+    def set_interrupt(self, check: Callable[[], bool]) -> None:
+        """While waiting for data, ``check()`` True ends the wait with ``DataInterrupted``."""
+        self.client.interrupt = check
+
     def next(self) -> Batch:
         while True:
             if self.epochs is not None and self.epoch >= self.epochs:
                 raise EndOfData
             if self._iter is None:
                 self._iter = self._open()
-            batch = next(self._iter, None)
+            try:
+                batch = next(self._iter, None)
+            except DataWaitInterrupted as e:
+                self._iter = None  # the epoch resumes from the batches consumed so far
+                raise DataInterrupted(str(e)) from e
+            except BaseException:
+                self._iter = None
+                raise
             if batch is None:
                 self.epoch, self._batch, self._iter = self.epoch + 1, 0, None
                 continue

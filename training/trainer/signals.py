@@ -62,11 +62,16 @@ class StopSignal:
 
     def agreed(self) -> bool:
         """True on every rank when any rank has seen a stop request (collective)."""
+        return self.agree()[0]
+
+    def agree(self, void: bool = False) -> tuple[bool, bool]:
+        """(any rank has seen a stop request, any rank says ``void``: this step must not be
+        applied), the same on every rank (one collective)."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
-            return self.local
-        flag = torch.tensor([1 if self.local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        stop = bool(flag.item())
+            return self.local, void
+        flags = torch.tensor([int(self.local), int(void)], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+        stop, any_void = (bool(v) for v in flags.tolist())
         if stop and not self.local:
             log.info("another rank is stopping: stopping at this step too")
-        return stop
+        return stop, any_void

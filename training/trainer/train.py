@@ -26,7 +26,7 @@ from training.data import Batch
 from training.trainer.checkpoint import Checkpointer, Restored
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import TrainerConfig
-from training.trainer.inputs import BatchStream, EndOfData, build_stream
+from training.trainer.inputs import BatchStream, DataInterrupted, EndOfData, build_stream
 from training.trainer.metrics import Interval, MetricsLogger, RunFacts, peak_flops
 from training.trainer.model import build_model, training_flops_per_sample
 from training.trainer.parallel_dims import ParallelDims
@@ -110,6 +110,12 @@ class Trainer:
         # The stop flag is all-reduced every step: on a CPU group, so it never syncs the GPU.
         group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
         self.stop = StopSignal(group if isinstance(group, dist.ProcessGroup) else None).install()
+        # A stop request also ends a wait for data (the data servers may be stopping too).
+        set_interrupt = getattr(self.stream, "set_interrupt", None)
+        if set_interrupt is not None:
+            set_interrupt(lambda: self.stop.local)
+        self._data_state: dict[str, Any] | None = None
+        """The data position to checkpoint instead of the stream's (after a voided step)."""
 
         mean = torch.tensor(IMAGENET_DEFAULT_MEAN, device=self.device).view(1, 3, 1, 1)
         std = torch.tensor(IMAGENET_DEFAULT_STD, device=self.device).view(1, 3, 1, 1)
@@ -220,27 +226,45 @@ class Trainer:
             lr = self.lr_at(self.step + 1)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
+            data_state = self.stream.state_dict()  # the position before this step's batches
+            void = False  # this rank was stopped while waiting for a batch
+            step_loss = torch.zeros((), device=self.device)
             try:
                 for micro in range(c.grad_accum_steps):
                     t0 = time.perf_counter()
-                    batch = self.stream.next()
+                    try:
+                        batch = self.stream.next()
+                    except DataInterrupted:
+                        # Still run the micro-step (blank, zero weight): the other ranks'
+                        # collectives need this rank; the step is then not applied.
+                        void, batch = True, self._blank
                     interval.data_wait_s += time.perf_counter() - t0
-                    loss_sum += self._micro_step(batch, sync=micro == c.grad_accum_steps - 1)
+                    step_loss += self._micro_step(batch, sync=micro == c.grad_accum_steps - 1)
             except EndOfData:
                 self.optimizer.zero_grad(set_to_none=True)  # A partial accumulation: dropped.
                 stopped_by = "epochs"
+                break
+            elapsed = time.perf_counter() - started
+            out_of_time = c.max_seconds is not None and elapsed >= c.max_seconds
+            if out_of_time:
+                self.stop.request()
+            stop, any_void = self.stop.agree(void)
+            if any_void:
+                # A rank was stopped before it had this step's data: no rank applies the step,
+                # and the checkpoint keeps every rank's position from before it (no sample lost
+                # or repeated on resume).
+                self.optimizer.zero_grad(set_to_none=True)
+                self._data_state = data_state
+                stopped_by = self.stop.signal_name or "peer"
+                log.info("stopped while waiting for data: step %d not applied", self.step + 1)
                 break
             self.optimizer.step()
             if self.step == start_step:
                 self.state_bytes = local_state_bytes(self.model, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
+            loss_sum += step_loss
             self.step += 1
             interval.steps += 1
-            elapsed = time.perf_counter() - started
-            out_of_time = c.max_seconds is not None and elapsed >= c.max_seconds
-            if out_of_time:
-                self.stop.request()
-            stop = self.stop.agreed()
             last = stop or self.step == c.total_steps
             if self.step % c.log_every_steps == 0 or last:
                 self._log(interval, loss_sum, lr)
@@ -286,7 +310,18 @@ class Trainer:
         return 0
 
     def _save(self) -> None:
-        self.checkpointer.save(self.step, self.model, self.optimizer, self.stream.state_dict())
+        data = self._data_state if self._data_state is not None else self.stream.state_dict()
+        self.checkpointer.save(self.step, self.model, self.optimizer, data)
+
+    @property
+    def _blank(self) -> Batch:
+        """A batch with no image (the micro-step makes it a zero-weight step)."""
+        size = self.config.model.image_size
+        return Batch(
+            images=torch.empty((0, 3, size, size), dtype=torch.uint8),
+            labels=torch.empty(0, dtype=torch.int64),
+            sample_ids=torch.empty(0, dtype=torch.int64),
+        )
 
     def _log(self, interval: Interval, loss_sum: torch.Tensor, lr: float) -> None:
         elapsed = max(time.perf_counter() - interval.started, 1e-9)
