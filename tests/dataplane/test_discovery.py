@@ -1,16 +1,13 @@
 """Discovery sources: the ``--data-servers`` forms, a discovery file, SageMaker's resource
-config; EC2 (moto) minus instances their Auto Scaling group is terminating (Stubber)."""
+config. (EC2 discovery is tested beside the launcher's EC2 peers, on the same moto fixture:
+``tests/launcher/test_launcher_peers.py``.)"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import boto3
 import pytest
-from botocore.stub import Stubber
-from moto import mock_aws
 
 from training.dataplane.discovery import (
     DiscoveryError,
@@ -21,9 +18,6 @@ from training.dataplane.discovery import (
     parse_discovery,
 )
 from training.spec import ClusterSpec, load_spec
-
-REGION = "us-west-2"
-AMI = "ami-12c6146b"  # one of moto's built-in images
 
 
 @pytest.fixture
@@ -85,67 +79,3 @@ def test_sagemaker_dataprep_hosts(spec: ClusterSpec, tmp_path: Path) -> None:
         )
     )
     assert source.addresses() == ["algo-2:50051", "algo-10:50051"]
-
-
-def _launch(client: Any, subnet: str, ip: str, group: str, cluster: str = "dataplane-test") -> str:
-    tags = [{"Key": "hetero:cluster", "Value": cluster}, {"Key": "hetero:group", "Value": group}]
-    reply = client.run_instances(
-        ImageId=AMI,
-        MinCount=1,
-        MaxCount=1,
-        InstanceType="c6i.4xlarge",
-        SubnetId=subnet,
-        PrivateIpAddress=ip,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
-    )
-    return str(reply["Instances"][0]["InstanceId"])
-
-
-def _lifecycle(states: dict[str, str]) -> dict[str, Any]:
-    return {
-        "AutoScalingInstances": [
-            {
-                "InstanceId": i,
-                "AutoScalingGroupName": "dataplane-test-dataprep",
-                "AvailabilityZone": f"{REGION}a",
-                "LifecycleState": state,
-                "HealthStatus": "HEALTHY",
-                "ProtectedFromScaleIn": False,
-            }
-            for i, state in states.items()
-        ]
-    }
-
-
-def test_ec2_running_dataprep_instances_not_being_terminated(spec: ClusterSpec) -> None:
-    with mock_aws():
-        ec2 = boto3.client("ec2", region_name=REGION)
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
-        _launch(ec2, subnet, "10.0.0.40", "trainer")  # trainers serve no data
-        _launch(ec2, subnet, "10.0.0.90", "dataprep", cluster="another-job")
-        d_high = _launch(ec2, subnet, "10.0.0.52", "dataprep")
-        d_low = _launch(ec2, subnet, "10.0.0.9", "dataprep")
-        leaving = _launch(ec2, subnet, "10.0.0.51", "dataprep")
-        autoscaling = boto3.client("autoscaling", region_name=REGION)
-        with Stubber(autoscaling) as stub:
-            # Sorted by private IP: 10.0.0.9, 10.0.0.51, 10.0.0.52.
-            stub.add_response(
-                "describe_auto_scaling_instances",
-                _lifecycle({d_low: "InService", leaving: "Terminating:Wait", d_high: "InService"}),
-                {"InstanceIds": [d_low, leaving, d_high]},
-            )
-            stub.add_response(
-                "describe_auto_scaling_instances",
-                _lifecycle({d_low: "InService", leaving: "Terminating:Wait"}),
-                {"InstanceIds": [d_low, leaving]},
-            )
-            source = Ec2Servers(spec, ec2=ec2, autoscaling=autoscaling)
-            assert source.addresses() == ["10.0.0.9:50051", "10.0.0.52:50051"]
-            ec2.terminate_instances(InstanceIds=[d_high])  # no longer running
-            assert source.addresses() == ["10.0.0.9:50051"]
-            stub.assert_no_pending_responses()
-        with Stubber(autoscaling) as stub:
-            stub.add_client_error("describe_auto_scaling_instances", "AccessDenied", "no")
-            with pytest.raises(DiscoveryError, match="AccessDenied"):
-                source.addresses()

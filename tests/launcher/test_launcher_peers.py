@@ -7,8 +7,10 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from moto import mock_aws
 
+from training.dataplane.discovery import DiscoveryError, Ec2Servers
 from training.launcher.peers import (
     PeerDiscoveryError,
     ec2_peers,
@@ -150,3 +152,55 @@ def test_local_peers_are_loopback_ports(spec: ClusterSpec) -> None:
     assert peers.trainer_hosts(spec) == ("127.0.0.1", "127.0.0.1")
     assert peers.data_servers == ("127.0.0.1:50051", "127.0.0.1:50052")
     assert peers.self_index == 1
+
+
+def _lifecycle(states: dict[str, str]) -> dict[str, Any]:
+    """A DescribeAutoScalingInstances reply giving each instance its lifecycle state."""
+    return {
+        "AutoScalingInstances": [
+            {
+                "InstanceId": i,
+                "AutoScalingGroupName": "vit-test-dataprep",
+                "AvailabilityZone": f"{REGION}a",
+                "LifecycleState": state,
+                "HealthStatus": "HEALTHY",
+                "ProtectedFromScaleIn": False,
+            }
+            for i, state in states.items()
+        ]
+    }
+
+
+def test_data_servers_on_ec2_running_dataprep_instances_not_being_terminated(
+    ec2: tuple[Any, str], spec: ClusterSpec
+) -> None:
+    """The trainer's EC2 discovery of data servers (``Ec2Servers``): this cluster's running
+    dataprep instances by private IP, minus one its Auto Scaling group is terminating (a
+    termination lifecycle hook keeps it running meanwhile; Stubber gives its state)."""
+    launch(ec2, "10.0.0.40", "trainer")  # trainers serve no data
+    launch(ec2, "10.0.0.90", "dataprep", cluster="another-job")
+    d_high = launch(ec2, "10.0.0.52", "dataprep")
+    d_low = launch(ec2, "10.0.0.9", "dataprep")
+    leaving = launch(ec2, "10.0.0.51", "dataprep")
+    autoscaling = boto3.client("autoscaling", region_name=REGION)
+    with Stubber(autoscaling) as stub:
+        # Sorted by private IP: 10.0.0.9, 10.0.0.51, 10.0.0.52.
+        stub.add_response(
+            "describe_auto_scaling_instances",
+            _lifecycle({d_low: "InService", leaving: "Terminating:Wait", d_high: "InService"}),
+            {"InstanceIds": [d_low, leaving, d_high]},
+        )
+        stub.add_response(
+            "describe_auto_scaling_instances",
+            _lifecycle({d_low: "InService", leaving: "Terminating:Wait"}),
+            {"InstanceIds": [d_low, leaving]},
+        )
+        source = Ec2Servers(spec, ec2=ec2[0], autoscaling=autoscaling)
+        assert source.addresses() == ["10.0.0.9:50051", "10.0.0.52:50051"]
+        ec2[0].terminate_instances(InstanceIds=[d_high])  # no longer running
+        assert source.addresses() == ["10.0.0.9:50051"]
+        stub.assert_no_pending_responses()
+    with Stubber(autoscaling) as stub:
+        stub.add_client_error("describe_auto_scaling_instances", "AccessDenied", "no")
+        with pytest.raises(DiscoveryError, match="AccessDenied"):
+            source.addresses()

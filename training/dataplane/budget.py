@@ -1,8 +1,9 @@
 """A data server's memory budget: a bound on the batch bytes in flight across all its streams.
 
 Each stream charges a batch's bytes before it asks a worker for the batch and gives them back once
-gRPC has taken the encoded message, so many streams (or slow clients) make streams wait instead
-of making the server grow until the host kills it.
+gRPC has let go of the encoded message (when the stream's next message replaces it, or the stream
+ends), so many streams (or slow clients) make streams wait instead of making the server grow
+until the host kills it.
 """
 
 from __future__ import annotations
