@@ -26,6 +26,11 @@ ENV_CHECKPOINT_URI: Final = "HETERO_CHECKPOINT_URI"
 ``job.checkpoint.dir``)."""
 ENV_ASG_NAMES: Final = "HETERO_ASG_NAMES"
 """Comma-separated Auto Scaling group names of the cluster: scaled to zero at job end."""
+ENV_LIFECYCLE_HOOK: Final = "HETERO_LIFECYCLE_HOOK"
+"""Name of the groups' termination lifecycle hook: the launcher completes it after the
+checkpoint that an Auto Scaling termination asked for."""
+LIFECYCLE_HOOK_NAME: Final = "hetero-checkpoint"
+"""The termination lifecycle hook's name on every group of the stack."""
 ENV_REGION: Final = "AWS_DEFAULT_REGION"
 """The region (boto3 reads this variable)."""
 

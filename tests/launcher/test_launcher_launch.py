@@ -211,13 +211,15 @@ def test_ec2_trainer_plan_from_imds_tags_and_describe_instances(
         )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
-    assert "--nnodes 2 --node-rank 1 --master-addr 10.0.0.40" in out
+    assert "--nnodes 2 --node-rank 1 --master-addr 10.0.0.40 --master-port " in out
+    # Hosts wait for each other a minute at most (torchrun's static rendezvous waits 600 s).
+    assert "--rdzv-conf timeout=60 --nproc-per-node 4 " in out
     # The trainer finds data servers by the cluster's tags while it runs (replacements come
     # back at new addresses), in the instance's region.
     assert "--data-servers ec2:vit-test " in out
     assert out.startswith("trainer: AWS_DEFAULT_REGION=us-west-2 ")
     # Every trainer host stages its shards locally and the trainer itself uploads them to S3.
     assert (
-        "--checkpoint-dir /tmp/hetero/checkpoints "
+        "--checkpoint-dir /tmp/hetero/checkpoints --outcome-dir runs/vit-test/outcome "
         "--checkpoint-s3-uri s3://bucket/checkpoints/vit-test/"
     ) in out

@@ -10,16 +10,26 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
+ENV_IMDS_ENDPOINT = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
+"""The variable boto3 and the AWS CLI read for the IMDS endpoint (botocore's
+``ec2_metadata_service_endpoint`` setting)."""
 TOKEN_PATH = "/latest/api/token"
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 TOKEN_TTL_S = 21600
 # Refresh the token this long before IMDS would expire it.
 _TOKEN_MARGIN_S = 60.0
+
+
+def endpoint_from_env(environ: Mapping[str, str]) -> str:
+    """The IMDS endpoint as boto3 resolves it: ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` when set
+    (e.g. ``http://127.0.0.1:8080``), else the IPv4 link-local address."""
+    return environ.get(ENV_IMDS_ENDPOINT, "").strip() or DEFAULT_IMDS_URL
 
 
 class ImdsError(RuntimeError):

@@ -1,4 +1,5 @@
-"""Job end on EC2: scale the cluster's Auto Scaling groups to zero so no instance keeps billing."""
+"""Job end on EC2: record the outcome and scale the cluster's Auto Scaling groups to zero so no
+instance keeps billing; and the lifecycle-hook call that lets an Auto Scaling termination go on."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from training.launcher.jobrecord import JobRecord
 from training.launcher.names import ENV_ASG_NAMES
+from training.outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -38,3 +41,55 @@ def scale_to_zero(autoscaling: Any, asg_names: Sequence[str]) -> list[str]:
     if errors:
         raise errors[0]
     return scaled
+
+
+def end_job(
+    record: JobRecord | None,
+    outcome: Outcome,
+    *,
+    reason: str,
+    by: str,
+    autoscaling: Any | None,
+    asg_names: Sequence[str],
+) -> None:
+    """End the job for everyone: record the outcome first (a host starting later sees it and
+    does not run), then scale every group to zero. Safe to call from several hosts: the first
+    recorded outcome stays, and scaling to zero twice is harmless."""
+    if record is not None:
+        try:
+            record.end(outcome, reason=reason, by=by)
+        except Exception as e:  # Still stop the billing below.
+            log.error("could not record the job's outcome in %s: %s", record.location, e)
+    if not asg_names:
+        log.warning(
+            "the job is over (%s) but no Auto Scaling groups are named (set %s)",
+            outcome.value,
+            ENV_ASG_NAMES,
+        )
+        return
+    if autoscaling is None:
+        raise ValueError("an Auto Scaling client is needed to scale the groups to zero")
+    scale_to_zero(autoscaling, asg_names)
+
+
+def complete_lifecycle_action(autoscaling: Any, instance_id: str, hook_name: str) -> bool:
+    """Tell Auto Scaling that this instance has finished its termination work (checkpoint
+    saved), so the termination goes on now rather than at the hook's heartbeat timeout.
+    Returns False (logged) when it could not: the hook's timeout then ends the wait."""
+    try:
+        found = autoscaling.describe_auto_scaling_instances(InstanceIds=[instance_id])
+        groups = [i["AutoScalingGroupName"] for i in found.get("AutoScalingInstances", [])]
+        if not groups:
+            log.warning("instance %s is in no Auto Scaling group: no lifecycle action", instance_id)
+            return False
+        autoscaling.complete_lifecycle_action(
+            LifecycleHookName=hook_name,
+            AutoScalingGroupName=groups[0],
+            InstanceId=instance_id,
+            LifecycleActionResult="CONTINUE",
+        )
+    except Exception as e:  # The hook's heartbeat timeout still lets the termination proceed.
+        log.warning("could not complete lifecycle action %s for %s: %s", hook_name, instance_id, e)
+        return False
+    log.info("completed lifecycle action %s for %s", hook_name, instance_id)
+    return True

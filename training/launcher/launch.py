@@ -1,12 +1,12 @@
 """``hetero launch``: the container's entry point on every instance.
 
-Finds this host's instance group, finds its peers, runs the group's role under supervision,
-watches for Spot interruption on EC2 and, when the trainer's first host finishes successfully on
-EC2, scales the cluster's Auto Scaling groups to zero.
+Finds this host's instance group, finds its peers and runs the group's role under supervision.
+On EC2 it runs the role in generations until the job is over (``ec2_job``: elastic trainer
+membership, Spot and Auto Scaling notices, restarts within a budget, job end in every outcome).
 
-Exit codes: the role's own exit code (0: the job is done); 2: bad spec or no group; 3: peers not
-found; 128+N: stopped by signal N or, on a Spot notice, 143 (SIGTERM): the trainer checkpointed
-and the replacement instance resumes.
+Exit codes (``training.outcome``): 0 the job finished; 75 this host stopped (an interruption
+notice, an Auto Scaling termination; the job goes on without it); 1 failed; 2 bad spec or no
+group; 3 peers not found; 128+N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import argparse
 import logging
 import os
 import shlex
-import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from training.launcher import job_end, peers, roles
+from training.launcher import ec2_job, job_end, peers, roles
 from training.launcher.group import (
     SAGEMAKER_RESOURCECONFIG,
     GroupDetectionError,
@@ -30,7 +29,15 @@ from training.launcher.group import (
     detect_group,
     read_resourceconfig,
 )
-from training.launcher.imds import DEFAULT_IMDS_URL, ImdsClient, ImdsError
+from training.launcher.imds import (
+    DEFAULT_IMDS_URL,
+    ENV_IMDS_ENDPOINT,
+    ImdsClient,
+    ImdsError,
+    endpoint_from_env,
+)
+from training.launcher.jobrecord import JobRecord
+from training.launcher.membership import MembershipTimeout, wait_for_membership
 from training.launcher.names import (
     CLUSTER_TAG,
     ENV_CHECKPOINT_URI,
@@ -38,8 +45,8 @@ from training.launcher.names import (
     ENV_REGION,
     ENV_SPEC,
 )
-from training.launcher.spot import SpotWatcher
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
+from training.outcome import Outcome, clear_outcomes, read_host_outcome
 from training.spec import ClusterSpec, Role, load_spec
 
 log = logging.getLogger(__name__)
@@ -67,8 +74,6 @@ class LaunchPlan:
     peers: peers.Peers
     commands: tuple[tuple[str, roles.RoleCommand], ...]
     """(name, command) for each process of the role."""
-    job_leader: bool
-    """True on the first trainer host: it ends the job (scales the groups to zero on EC2)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added for every process of the role."""
     checkpoint_s3_uri: str | None = None
@@ -104,7 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=str(SAGEMAKER_RESOURCECONFIG),
         help="SageMaker resource config path",
     )
-    parser.add_argument("--imds-url", default=DEFAULT_IMDS_URL, help="instance metadata endpoint")
+    parser.add_argument(
+        "--imds-url",
+        default=endpoint_from_env(os.environ),
+        help=f"instance metadata endpoint (default: ${ENV_IMDS_ENDPOINT}, as boto3 reads it, "
+        f"else {DEFAULT_IMDS_URL})",
+    )
     parser.add_argument("--imds-timeout", type=float, default=1.0, help="seconds per IMDS call")
     parser.add_argument(
         "--peer-timeout", type=float, default=900.0, help="seconds to wait for every peer (EC2)"
@@ -117,6 +127,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=90.0,
         help="seconds the role gets to checkpoint and exit after SIGTERM before it is killed",
+    )
+    parser.add_argument(
+        "--restart-budget",
+        type=int,
+        default=3,
+        help="EC2: failed runs of the role this host retries before it ends the job as failed",
+    )
+    parser.add_argument(
+        "--restart-backoff",
+        type=float,
+        default=10.0,
+        help="EC2: seconds before the first retry, doubled for each further failure (max 120)",
+    )
+    parser.add_argument(
+        "--rendezvous-timeout",
+        type=int,
+        default=60,
+        help="EC2: seconds trainer hosts wait for each other in torchrun's rendezvous",
+    )
+    parser.add_argument(
+        "--poll", type=float, default=5.0, help="EC2: seconds between membership checks"
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the plan (group, peers, commands) and exit"
@@ -171,6 +202,9 @@ def make_plan(
     environ: Mapping[str, str],
     network_interface: str | None = None,
     efa: bool | None = None,
+    rendezvous_port: int = roles.RENDEZVOUS_PORT,
+    rendezvous_timeout_s: int | None = None,
+    outcome_dir: str | None = None,
 ) -> LaunchPlan:
     """The role's commands for this host (pure: nothing is started)."""
     group = spec.group(identity.group)
@@ -210,13 +244,19 @@ def make_plan(
             node_rank=found_peers.self_index,
             data_servers=data_servers,
             checkpoint_dir=checkpoint_dir,
+            rendezvous_port=rendezvous_port,
+            rendezvous_timeout_s=rendezvous_timeout_s,
+            outcome_dir=outcome_dir,
             env=env,
         )
         if checkpoint_s3_uri is not None:
             cmd = roles.RoleCommand((*cmd.argv, "--checkpoint-s3-uri", checkpoint_s3_uri), cmd.env)
         commands: tuple[tuple[str, roles.RoleCommand], ...] = (("trainer", cmd),)
     else:
-        host = "127.0.0.1" if backend is Backend.LOCAL else "0.0.0.0"
+        # On EC2, the instance's own private address: the one its peers find it by.
+        host = {Backend.LOCAL: "127.0.0.1", Backend.EC2: identity.host or "0.0.0.0"}.get(
+            backend, "0.0.0.0"
+        )
         base = spec.job.dataplane.port
         if backend is Backend.LOCAL:
             # On loopback every dataprep instance needs its own ports.
@@ -237,7 +277,6 @@ def make_plan(
         role=group.role,
         peers=found_peers,
         commands=commands,
-        job_leader=group.role is Role.TRAINER and found_peers.self_index == 0,
         env=env,
         checkpoint_s3_uri=checkpoint_s3_uri if group.role is Role.TRAINER else None,
         checkpoint_dir=checkpoint_dir if group.role is Role.TRAINER else None,
@@ -260,20 +299,23 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return EXIT_CONFIG
     backend = choose_backend(args.backend, identity, resourceconfig, imds)
+    if backend is Backend.EC2:
+        return _run_ec2(spec, args, identity, imds)
     network_interface: str | None = None
     try:
         if backend is Backend.SAGEMAKER:
             config = read_resourceconfig(resourceconfig)
             network_interface = config.get("network_interface_name")
             found = peers.sagemaker_peers(spec, config)
-        elif backend is Backend.EC2:
-            identity = _ec2_identity(identity, imds)
-            found = _find_ec2_peers(spec, identity, args.peer_timeout)
         else:
             found = peers.local_peers(spec, self_index=args.host_index)
-    except (peers.PeerDiscoveryError, ImdsError, OSError, ValueError) as e:
+    except (peers.PeerDiscoveryError, OSError, ValueError) as e:
         log.error("peer discovery failed (%s backend): %s", backend.value, e)
         return EXIT_PEERS
+    run_dir = args.run_dir or (
+        SAGEMAKER_OUTPUT_DIR if backend is Backend.SAGEMAKER else f"runs/{spec.name}"
+    )
+    outcome_dir = Path(run_dir) / "outcome"
     try:
         plan = make_plan(
             spec,
@@ -281,48 +323,134 @@ def run(args: argparse.Namespace) -> int:
             identity=identity,
             backend=backend,
             found_peers=found,
-            run_dir=args.run_dir,
+            run_dir=run_dir,
             environ=os.environ,
             network_interface=network_interface,
+            outcome_dir=str(outcome_dir),
         )
     except ValueError as e:  # e.g. --host-index outside the group
         log.error("%s", e)
         return EXIT_CONFIG
-    log.info(
-        "backend %s, group %r (%s), host %d of %d",
-        backend.value,
-        identity.group,
-        plan.role.value,
-        found.self_index + 1,
-        len(found.hosts[identity.group]),
-    )
+    _log_plan(plan, found)
     if args.dry_run:
-        for name, cmd in plan.commands:
-            extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
-            print(f"{name}: {extra + ' ' if extra else ''}{shlex.join(cmd.argv)}")
+        _print_plan(plan)
         return 0
+    clear_outcomes(outcome_dir)
     code, stopped = _run_role(plan, args)
     if stopped is not None:
         return exit_code_for_signal(stopped)
-    if code == 0 and plan.backend is Backend.EC2 and plan.job_leader:
-        _end_job(identity)
+    if plan.role is Role.TRAINER:
+        # torchrun turns every non-zero rank exit into 1: the ranks' files tell the outcome.
+        outcome, _ = read_host_outcome(outcome_dir, spec.group(identity.group).ranks_per_instance)
+        if code != 0 or outcome is not Outcome.FINISHED:
+            return outcome.exit_code
     return code
 
 
-def _find_ec2_peers(spec: ClusterSpec, identity: GroupIdentity, timeout_s: float) -> peers.Peers:
+def _log_plan(plan: LaunchPlan, found: peers.Peers) -> None:
+    log.info(
+        "backend %s, group %r (%s), host %d of %d",
+        plan.backend.value,
+        plan.identity.group,
+        plan.role.value,
+        found.self_index + 1,
+        len(found.hosts[plan.identity.group]),
+    )
+
+
+def _print_plan(plan: LaunchPlan) -> None:
+    for name, cmd in plan.commands:
+        extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
+        print(f"{name}: {extra + ' ' if extra else ''}{shlex.join(cmd.argv)}")
+
+
+def _run_ec2(
+    spec: ClusterSpec, args: argparse.Namespace, identity: GroupIdentity, imds: ImdsClient
+) -> int:
+    """EC2: the generation loop of ``ec2_job`` (or, with ``--dry-run``, the first plan)."""
     import boto3  # only EC2 needs it; keeps local starts light
 
+    try:
+        identity = _ec2_identity(identity, imds)
+    except ImdsError as e:
+        log.error("peer discovery failed (ec2 backend): %s", e)
+        return EXIT_PEERS
     if not identity.instance_id:
-        raise peers.PeerDiscoveryError("IMDS did not give this instance's id")
-    ec2 = boto3.client("ec2", region_name=_region(identity))
-    return peers.ec2_peers(
+        log.error("IMDS did not give this instance's id")
+        return EXIT_PEERS
+    region = _region(identity)
+    ec2 = boto3.client("ec2", region_name=region)
+    autoscaling = boto3.client("autoscaling", region_name=region)
+    location = ec2_job.record_location(os.environ, spec)
+    record = JobRecord(location) if location else None
+    run_dir = Path(args.run_dir or f"runs/{spec.name}")
+
+    def plan_for(found: peers.Peers, port: int, outcome_dir: str) -> LaunchPlan:
+        return make_plan(
+            spec,
+            spec_path=args.spec,
+            identity=identity,
+            backend=Backend.EC2,
+            found_peers=found,
+            run_dir=str(run_dir),
+            environ=os.environ,
+            rendezvous_port=port,
+            rendezvous_timeout_s=args.rendezvous_timeout,
+            outcome_dir=outcome_dir,
+        )
+
+    job = ec2_job.Ec2Job(
         spec,
-        ec2,
-        own_group=identity.group,
-        own_instance_id=identity.instance_id,
-        cluster=identity.cluster,
-        timeout_s=timeout_s,
+        identity=identity,
+        settings=ec2_job.default_settings(args),
+        plan_for=plan_for,
+        environ=dict(os.environ),
+        run_dir=run_dir,
+        ec2=ec2,
+        autoscaling=autoscaling,
+        record=record,
+        asg_names=job_end.asg_names_from_env(os.environ),
     )
+    if args.dry_run:
+        return _dry_run_ec2(job, plan_for, args)
+    log.info(
+        "backend ec2, group %r (%s), instance %s at %s",
+        identity.group, spec.group(identity.group).role.value, identity.instance_id, identity.host,
+    )  # fmt: skip
+    return job.run()
+
+
+def _dry_run_ec2(
+    job: ec2_job.Ec2Job,
+    plan_for: Callable[[peers.Peers, int, str], LaunchPlan],
+    args: argparse.Namespace,
+) -> int:
+    """Print the first generation's plan (waiting, bounded, for the trainer group to form)."""
+    group = job.group
+    if group.role is Role.TRAINER:
+        try:
+            m = wait_for_membership(
+                job._current_membership,
+                count=group.count,
+                own_instance_id=job.instance_id,
+                timeout_s=args.peer_timeout,
+                poll_s=args.poll,
+            )
+        except MembershipTimeout as e:
+            log.error("%s", e)
+            return EXIT_PEERS
+        assert m is not None
+        index = m.index(job.instance_id)
+        assert index is not None
+        found = peers.Peers({group.name: m.addresses}, (), index)
+        port = m.rendezvous_port
+    else:
+        found = peers.Peers({group.name: (job.identity.host or "",)}, (), 0)
+        port = roles.RENDEZVOUS_PORT
+    plan = plan_for(found, port, str(job.run_dir / "outcome"))
+    _log_plan(plan, found)
+    _print_plan(plan)
+    return 0
 
 
 def _run_role(plan: LaunchPlan, args: argparse.Namespace) -> tuple[int, int | None]:
@@ -338,17 +466,7 @@ def _run_role(plan: LaunchPlan, args: argparse.Namespace) -> tuple[int, int | No
             )
             for name, cmd in plan.commands
         ]
-        watcher: SpotWatcher | None = None
-        if plan.backend is Backend.EC2:
-            watcher = SpotWatcher(
-                ImdsClient(args.imds_url, timeout_s=args.imds_timeout),
-                lambda notice: sup.request_stop(signal.SIGTERM, notice.describe()),
-                interval_s=args.spot_poll,
-            )
-            watcher.start()
         codes = sup.run_until_done()
-        if watcher is not None:
-            watcher.stop()
     for child, code in zip(children, codes, strict=True):
         log.info("%s exited with code %d", child.name, code)
     if sup.stop_signal is not None:
@@ -359,14 +477,3 @@ def _run_role(plan: LaunchPlan, args: argparse.Namespace) -> tuple[int, int | No
 def _region(identity: GroupIdentity) -> str | None:
     """IMDS's region, else the environment's (None: boto3 resolves it as usual)."""
     return identity.region or os.environ.get("AWS_REGION") or os.environ.get(ENV_REGION)
-
-
-def _end_job(identity: GroupIdentity) -> None:
-    names = job_end.asg_names_from_env(os.environ)
-    if not names:
-        log.warning("training finished but no Auto Scaling groups are named (set HETERO_ASG_NAMES)")
-        return
-    import boto3
-
-    client = boto3.client("autoscaling", region_name=identity.region or os.environ.get(ENV_REGION))
-    job_end.scale_to_zero(client, names)

@@ -64,13 +64,18 @@ def trainer_command(
     nproc_per_node: int | None = None,
     checkpoint_dir: str | Path | None = None,
     rendezvous_port: int = RENDEZVOUS_PORT,
+    rendezvous_timeout_s: int | None = None,
+    outcome_dir: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     python: str = sys.executable,
 ) -> RoleCommand:
     """torchrun for this trainer host: ``--nnodes`` = trainer hosts, ``--node-rank`` = this
     host's index among them, ``--nproc-per-node`` = the group's ranks per instance (unless
     given), static rendezvous on the first trainer host. A single host uses ``--standalone``
-    (torchrun picks a free local port). ``checkpoint_dir`` overrides the spec's folder."""
+    (torchrun picks a free local port). ``checkpoint_dir`` overrides the spec's folder.
+    ``rendezvous_timeout_s`` bounds how long hosts wait for each other to join (torchrun's
+    static rendezvous waits 600 s by default); ``outcome_dir`` receives each rank's outcome
+    file (``training.outcome``)."""
     nnodes = len(trainer_hosts)
     if nnodes == 0:
         raise ValueError("no trainer hosts: the trainer group has no instances")
@@ -93,12 +98,16 @@ def trainer_command(
             "--master-port",
             str(rendezvous_port),
         ]
+        if rendezvous_timeout_s is not None:
+            argv += ["--rdzv-conf", f"timeout={int(rendezvous_timeout_s)}"]
     argv += ["--nproc-per-node", str(nproc)]
     argv += ["-m", "training.trainer", "--spec", str(spec_path), "--run-dir", str(run_dir)]
     if data_servers:
         argv += ["--data-servers", ",".join(data_servers)]
     if checkpoint_dir is not None:
         argv += ["--checkpoint-dir", str(checkpoint_dir)]
+    if outcome_dir is not None:
+        argv += ["--outcome-dir", str(outcome_dir)]
     return RoleCommand(tuple(argv), dict(env or {}))
 
 

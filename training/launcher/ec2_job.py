@@ -1,0 +1,424 @@
+"""The launcher's loop on an EC2 instance: run this host's role in generations until the job is
+over, so that interruptions, replacements and crashes need nobody to log in.
+
+Each pass:
+
+1. If the job record says the job is over, stop (a replacement that arrives after the end, or a
+   host whose peer ended the job, runs nothing).
+2. Trainer hosts agree on a membership (``membership.py``): the first ``count`` usable trainer
+   instances; a host outside it waits on standby. Data servers need no membership.
+3. Run the role under supervision while the Spot watch runs (``spot.py``). An interruption
+   notice or an Auto Scaling termination marks this host as leaving in the job record at once,
+   then stops the role (the trainer checkpoints at the next step boundary, durably in S3, and
+   exits "stopped"); a rebalance recommendation sends SIGUSR1, a checkpoint without a stop.
+4. Act on how it ended (``training.outcome``):
+
+   - this host was told to go: complete the lifecycle action (Auto Scaling termination) and
+     exit ``EXIT_STOPPED``; the others carry on without it;
+   - finished: end the job (``job_end.end_job``: outcome recorded, every group scaled to zero);
+     any host that sees the finish does it, so the job ends even if the first host is gone;
+   - stopped because a peer stopped, or failed while the membership changed (a peer vanished):
+     start the next generation at once; this costs no restart;
+   - failed otherwise (a crash, peers that never came): count it against the restart budget
+     and retry after an exponential backoff; beyond the budget, end the job as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from training.launcher import job_end, roles
+from training.launcher.group import GroupIdentity
+from training.launcher.imds import ImdsClient
+from training.launcher.jobrecord import JobRecord
+from training.launcher.membership import (
+    Membership,
+    MembershipTimeout,
+    current_membership,
+    wait_for_membership,
+)
+from training.launcher.names import ENV_CHECKPOINT_URI, ENV_LIFECYCLE_HOOK
+from training.launcher.peers import Peers
+from training.launcher.spot import ASG_TERMINATION, SpotNotice, SpotWatcher
+from training.launcher.supervisor import Supervisor, exit_code_for_signal
+from training.outcome import (
+    EXIT_FAILED,
+    EXIT_FINISHED,
+    EXIT_STOPPED,
+    Outcome,
+    clear_outcomes,
+    read_host_outcome,
+)
+from training.spec import ClusterSpec, Role
+
+log = logging.getLogger(__name__)
+
+RENDEZVOUS_TIMEOUT_S = 60
+"""How long trainer hosts wait for each other in torchrun's rendezvous."""
+MAX_BACKOFF_S = 120.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    restart_budget: int = 3
+    """Failed generations this host may retry before it ends the job as failed."""
+    restart_backoff_s: float = 10.0
+    """Wait before the first retry; doubled for each further failure (at most 120 s)."""
+    peer_timeout_s: float = 900.0
+    """How long to wait for the trainer group to reach its count (counts as one failure)."""
+    poll_s: float = 5.0
+    """Between membership and job-record checks."""
+    spot_poll_s: float = 5.0
+    grace_s: float = 90.0
+    rendezvous_timeout_s: int = RENDEZVOUS_TIMEOUT_S
+    imds_url: str = ""
+    imds_timeout_s: float = 1.0
+
+
+@dataclass
+class GenerationResult:
+    outcome: Outcome
+    codes: list[int]
+    reason: str
+    membership: Membership | None = None
+
+
+@dataclass
+class _Signals:
+    """What arrived from outside while the loop runs: a notice (watch thread) or a signal."""
+
+    notice: SpotNotice | None = None
+    signum: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    supervisor: Supervisor | None = None
+    checkpoint_requests: int = 0
+
+    @property
+    def leaving(self) -> bool:
+        return self.notice is not None or self.signum is not None
+
+
+class Ec2Job:
+    """One EC2 host's part of the job (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        *,
+        identity: GroupIdentity,
+        settings: LoopSettings,
+        plan_for: Callable[[Peers, int, str], Any],
+        environ: Mapping[str, str],
+        run_dir: Path,
+        ec2: Any,
+        autoscaling: Any,
+        record: JobRecord | None,
+        asg_names: list[str],
+    ) -> None:
+        self.spec = spec
+        self.identity = identity
+        self.instance_id = identity.instance_id or "unknown"
+        self.group = spec.group(identity.group)
+        self.settings = settings
+        self.plan_for = plan_for
+        """(peers, rendezvous port, outcome dir) -> a ``LaunchPlan`` for one generation."""
+        self.environ = environ
+        self.run_dir = run_dir
+        self.ec2 = ec2
+        self.autoscaling = autoscaling
+        self.record = record
+        self.asg_names = asg_names
+        self.hook = environ.get(ENV_LIFECYCLE_HOOK, "").strip()
+        self.signals = _Signals()
+        self.failures = 0
+        self.generation = 0
+
+    # -- outside events ----------------------------------------------------------------------
+
+    def _on_notice(self, notice: SpotNotice) -> None:
+        with self.signals.lock:
+            if self.signals.notice is None:
+                self.signals.notice = notice
+            sup = self.signals.supervisor
+        # Say so first: the other hosts re-form without this one while it checkpoints.
+        self._mark_leaving(notice.describe())
+        if sup is not None:
+            sup.request_stop(signal.SIGTERM, notice.describe())
+
+    def _on_rebalance(self, notice: SpotNotice) -> None:
+        with self.signals.lock:
+            sup = self.signals.supervisor
+            self.signals.checkpoint_requests += 1
+        self._set_host(state="rebalance-checkpoint", notice=notice.describe())
+        if sup is not None and self.group.role is Role.TRAINER:
+            for child in sup.live():
+                child.send_stop(signal.SIGUSR1)  # To torchrun's ranks: checkpoint, go on.
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        with self.signals.lock:
+            if self.signals.signum is None:
+                self.signals.signum = signum
+            sup = self.signals.supervisor
+        if sup is not None:
+            sup.request_stop(signum, f"received {signal.Signals(signum).name}")
+
+    def _mark_leaving(self, reason: str) -> None:
+        if self.record is None:
+            return
+        try:
+            self.record.mark_leaving(self.instance_id, reason)
+        except Exception as e:  # The others still see the instance go from EC2.
+            log.error("could not mark this host as leaving in the job record: %s", e)
+
+    def _set_host(self, **state: Any) -> None:
+        if self.record is None:
+            return
+        try:
+            self.record.set_host(
+                self.instance_id,
+                group=self.group.name,
+                address=self.identity.host,
+                generation=self.generation,
+                failures=self.failures,
+                **state,
+            )
+        except Exception as e:  # Status only: never fatal.
+            log.warning("could not update the job record: %s", e)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        watcher = SpotWatcher(
+            ImdsClient(self.settings.imds_url, timeout_s=self.settings.imds_timeout_s),
+            self._on_notice,
+            on_rebalance=self._on_rebalance,
+            interval_s=self.settings.spot_poll_s,
+        )
+        watcher.start()
+        try:
+            return self._loop()
+        finally:
+            watcher.stop()
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _job_over(self) -> dict[str, Any] | None:
+        if self.record is None:
+            return None
+        try:
+            return self.record.outcome()
+        except Exception as e:
+            log.warning("could not read the job record: %s", e)
+            return None
+
+    def _loop(self) -> int:
+        while True:
+            ended = self._job_over()
+            if ended is not None:
+                log.info("the job is over (%s: %s)", ended.get("outcome"), ended.get("reason"))
+                return EXIT_FINISHED if ended.get("outcome") == "finished" else EXIT_FAILED
+            if self.signals.leaving:
+                return self._leave()
+            membership: Membership | None = None
+            if self.group.role is Role.TRAINER:
+                try:
+                    membership = self._wait_for_membership()
+                except MembershipTimeout as e:
+                    code = self._failed(str(e))
+                    if code is not None:
+                        return code
+                    continue
+                if membership is None:  # Stopped (or the job ended) while waiting.
+                    continue
+            self.generation += 1
+            result = self._run_generation(membership)
+            if self.signals.leaving:
+                if result.outcome is Outcome.FINISHED:
+                    self._end(Outcome.FINISHED, "training finished")
+                    return EXIT_FINISHED
+                return self._leave()
+            if result.outcome is Outcome.FINISHED:
+                self._end(Outcome.FINISHED, "training finished")
+                return EXIT_FINISHED
+            if result.outcome is Outcome.STOPPED:
+                log.info("generation %d stopped (a peer is leaving): re-forming", self.generation)
+                continue
+            if membership is not None and self._membership_changed(membership):
+                log.warning(
+                    "generation %d failed and a member is gone: re-forming (no restart used)",
+                    self.generation,
+                )
+                continue
+            code = self._failed(result.reason)
+            if code is not None:
+                return code
+
+    def _wait_for_membership(self) -> Membership | None:
+        count = self.group.count
+        self._set_host(state="waiting-for-peers")
+        return wait_for_membership(
+            self._current_membership,
+            count=count,
+            own_instance_id=self.instance_id,
+            timeout_s=self.settings.peer_timeout_s,
+            poll_s=self.settings.poll_s,
+            should_stop=lambda: self.signals.leaving or self._job_over() is not None,
+        )
+
+    def _leaving(self) -> set[str]:
+        if self.record is None:
+            return set()
+        try:
+            return self.record.leaving()
+        except Exception as e:  # S3 unreachable: EC2's own view still applies.
+            log.warning("could not read the leaving hosts from the job record: %s", e)
+            return set()
+
+    def _current_membership(self) -> Membership:
+        return current_membership(
+            self.ec2,
+            self.autoscaling,
+            cluster=self.identity.cluster or self.spec.name,
+            group=self.group.name,
+            count=self.group.count,
+            leaving=self._leaving,
+        )
+
+    def _membership_changed(self, membership: Membership) -> bool:
+        try:
+            return self._current_membership().members != membership.members
+        except Exception as e:
+            log.warning("could not list the trainer group again: %s", e)
+            return False
+
+    def _run_generation(self, membership: Membership | None) -> GenerationResult:
+        outcome_dir = self.run_dir / "outcome"
+        clear_outcomes(outcome_dir)
+        if membership is not None:
+            index = membership.index(self.instance_id)
+            assert index is not None
+            peers = Peers(
+                hosts={self.group.name: membership.addresses},
+                data_servers=(),
+                self_index=index,
+            )
+            port = membership.rendezvous_port
+            log.info(
+                "generation %d: node %d of %d, rendezvous %s:%d",
+                self.generation, index, len(membership.members), membership.addresses[0], port,
+            )  # fmt: skip
+        else:
+            peers = Peers(hosts={self.group.name: (self.identity.host or "",)}, data_servers=(),
+                          self_index=0)  # fmt: skip
+            port = roles.RENDEZVOUS_PORT
+        plan = self.plan_for(peers, port, str(outcome_dir))
+        self._set_host(state="running", members=list(membership.ids) if membership else None)
+        with Supervisor(grace_s=self.settings.grace_s, subreaper=True) as sup:
+            with self.signals.lock:
+                self.signals.supervisor = sup
+            try:
+                for name, cmd in plan.commands:
+                    sup.start(
+                        name,
+                        cmd.argv,
+                        env={**self.environ, **cmd.env},
+                        stop_workers=plan.role is Role.TRAINER,
+                    )
+                if self.signals.leaving:  # A notice between the check and the start.
+                    sup.request_stop(signal.SIGTERM, "leaving")
+                codes = sup.run_until_done()
+            finally:
+                with self.signals.lock:
+                    self.signals.supervisor = None
+        for (name, _), code in zip(plan.commands, codes, strict=True):
+            log.info("generation %d: %s exited with code %d", self.generation, name, code)
+        if plan.role is Role.TRAINER:
+            outcome, ranks = read_host_outcome(outcome_dir, self.group.ranks_per_instance)
+            reasons = sorted({r.reason for r in ranks}) or [f"exit codes {codes}"]
+            reason = ", ".join(reasons)
+        else:
+            # A data server exits 0 after the Shutdown RPC (the job finished) or a stop.
+            clean = all(c == 0 for c in codes)
+            outcome = Outcome.FINISHED if clean and not self.signals.leaving else Outcome.FAILED
+            if clean and self.signals.leaving:
+                outcome = Outcome.STOPPED
+            reason = f"exit codes {codes}"
+        self._set_host(state=f"generation-{outcome.value}", reason=reason)
+        return GenerationResult(outcome, codes, reason, membership)
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def _failed(self, reason: str) -> int | None:
+        """Count a failure; the exit code when the budget is spent (the job is then ended),
+        else None after the backoff."""
+        self.failures += 1
+        budget = self.settings.restart_budget
+        if self.failures > budget:
+            msg = f"failed {self.failures} times (restart budget {budget}); last: {reason}"
+            log.error("%s: ending the job", msg)
+            self._end(Outcome.FAILED, msg)
+            return EXIT_FAILED
+        wait = min(self.settings.restart_backoff_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
+        log.warning(
+            "failure %d of %d allowed (%s): retrying in %.0fs", self.failures, budget, reason, wait
+        )
+        self._set_host(state="backoff", reason=reason)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not self.signals.leaving:
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        return None
+
+    def _end(self, outcome: Outcome, reason: str) -> None:
+        try:
+            job_end.end_job(
+                self.record,
+                outcome,
+                reason=reason,
+                by=self.instance_id,
+                autoscaling=self.autoscaling,
+                asg_names=self.asg_names,
+            )
+        except Exception as e:
+            log.error("could not end the job: %s", e)
+        self._set_host(state=f"job-{outcome.value}", reason=reason)
+
+    def _leave(self) -> int:
+        notice = self.signals.notice
+        if notice is not None:
+            if notice.kind == ASG_TERMINATION and self.hook:
+                job_end.complete_lifecycle_action(self.autoscaling, self.instance_id, self.hook)
+            self._set_host(state="left", reason=notice.describe())
+            log.info("leaving the job: %s", notice.describe())
+            return EXIT_STOPPED
+        signum = self.signals.signum or signal.SIGTERM
+        self._set_host(state="left", reason=signal.Signals(signum).name)
+        return exit_code_for_signal(signum)
+
+
+def record_location(environ: Mapping[str, str], spec: ClusterSpec) -> str | None:
+    """Where the job record lives: beside the checkpoints (``HETERO_CHECKPOINT_URI``, else the
+    spec's checkpoint folder)."""
+    return environ.get(ENV_CHECKPOINT_URI, "").strip() or spec.job.checkpoint.dir or None
+
+
+def default_settings(args: Any) -> LoopSettings:
+    return LoopSettings(
+        restart_budget=args.restart_budget,
+        restart_backoff_s=args.restart_backoff,
+        peer_timeout_s=args.peer_timeout,
+        poll_s=args.poll,
+        spot_poll_s=args.spot_poll,
+        grace_s=args.grace,
+        rendezvous_timeout_s=args.rendezvous_timeout,
+        imds_url=args.imds_url,
+        imds_timeout_s=args.imds_timeout,
+    )

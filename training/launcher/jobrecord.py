@@ -1,0 +1,166 @@
+"""The job record: what every host of a job must agree on, kept beside the checkpoints.
+
+Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
+
+- ``outcome.json``: ``{"outcome": "finished" | "failed", "reason", "by", "time"}``, written once
+  by the host that ends the job. Its presence means the job is over: a host that starts or
+  restarts afterwards does not run the role again.
+- ``leaving/<instance-id>.json``: a host that got an interruption notice or an Auto Scaling
+  termination says so here first, so the others re-form the job without it while it is still
+  running (EC2 keeps it ``running`` until the termination).
+- ``hosts/<instance-id>.json``: each host's latest state (``hetero status`` shows them).
+
+Each object has one writer (or, for the outcome, writers that agree), so S3's last-writer-wins
+is enough: no locking.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from training.outcome import Outcome
+
+log = logging.getLogger(__name__)
+
+PREFIX = "job/"
+
+
+class _Backend(Protocol):
+    def get(self, key: str) -> bytes | None: ...
+    def put(self, key: str, body: bytes) -> None: ...
+    def list(self, prefix: str) -> list[str]: ...
+
+
+class _S3Backend:
+    def __init__(self, uri: str, client: Any | None = None) -> None:
+        from training.trainer.checkpoint_s3 import parse_s3_uri
+
+        self.bucket, self.prefix = parse_s3_uri(uri)
+        if client is None:
+            import boto3
+
+            client = boto3.client("s3")
+        self.client = client
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return bytes(resp["Body"].read())
+
+    def put(self, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body)
+
+    def list(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix + prefix
+        )
+        for page in pages:
+            keys.extend(o["Key"][len(self.prefix) :] for o in page.get("Contents", []))
+        return keys
+
+
+class _FolderBackend:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return (self.folder / key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, body: bytes) -> None:
+        path = self.folder / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(body)
+        tmp.replace(path)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.folder / prefix
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.folder).as_posix() for p in base.rglob("*") if p.is_file())
+
+
+class JobRecord:
+    """Read and write the job record under ``location`` (``s3://...`` or a folder path)."""
+
+    def __init__(self, location: str, *, s3_client: Any | None = None) -> None:
+        self.location = location.rstrip("/") + "/"
+        self._store: _Backend
+        if location.startswith("s3://"):
+            self._store = _S3Backend(location, s3_client)
+        else:
+            self._store = _FolderBackend(Path(location))
+
+    def _get_json(self, key: str) -> dict[str, Any] | None:
+        body = self._store.get(PREFIX + key)
+        if body is None:
+            return None
+        try:
+            value = json.loads(body)
+        except ValueError:
+            log.warning("job record %s%s%s is not JSON: ignored", self.location, PREFIX, key)
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _put_json(self, key: str, value: Mapping[str, Any]) -> None:
+        self._store.put(PREFIX + key, json.dumps({**value, "time": time.time()}).encode())
+
+    # -- outcome -----------------------------------------------------------------------------
+
+    def outcome(self) -> dict[str, Any] | None:
+        """The job's final outcome, or None while the job is not over."""
+        return self._get_json("outcome.json")
+
+    def end(self, outcome: Outcome, *, reason: str, by: str) -> dict[str, Any]:
+        """Record the job's end (``finished`` or ``failed``); a job already ended keeps its
+        first outcome, which is returned."""
+        if outcome is Outcome.STOPPED:
+            raise ValueError("a job ends finished or failed; 'stopped' is a host's outcome")
+        current = self.outcome()
+        if current is not None:
+            return current
+        value = {"outcome": outcome.value, "reason": reason, "by": by}
+        self._put_json("outcome.json", value)
+        log.info("job record: outcome %s (%s)", outcome.value, reason)
+        return value
+
+    # -- hosts -------------------------------------------------------------------------------
+
+    def mark_leaving(self, instance_id: str, reason: str) -> None:
+        """This host is about to go (interruption notice, Auto Scaling termination)."""
+        self._put_json(
+            f"leaving/{instance_id}.json", {"instance_id": instance_id, "reason": reason}
+        )
+
+    def leaving(self) -> set[str]:
+        """Instance ids that said they are leaving."""
+        out = set()
+        for key in self._store.list(PREFIX + "leaving/"):
+            name = key.rsplit("/", 1)[-1]
+            if name.endswith(".json"):
+                out.add(name[: -len(".json")])
+        return out
+
+    def set_host(self, instance_id: str, **state: Any) -> None:
+        """This host's latest state (group, address, generation, step, outcome...)."""
+        self._put_json(f"hosts/{instance_id}.json", {"instance_id": instance_id, **state})
+
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for key in self._store.list(PREFIX + "hosts/"):
+            name = key[len(PREFIX) :]
+            value = self._get_json(name)
+            if value is not None:
+                out[str(value.get("instance_id", name))] = value
+        return out

@@ -1,0 +1,114 @@
+"""How a trainer run ended, told apart by exit code and by a small file per rank.
+
+Three outcomes matter to whoever runs the trainer (the launcher, ``hetero local``, SageMaker):
+
+- ``finished``: the job reached its step count or epochs. Only this ends the job.
+- ``stopped``: a graceful stop (Spot interruption notice, Auto Scaling termination, SIGTERM,
+  ``--max-seconds``) after a durable checkpoint; the job goes on elsewhere and resumes from it.
+- ``failed``: anything else (a crash, a lost peer, a storage error at the end).
+
+The rank process exits with ``EXIT_FINISHED``, ``EXIT_STOPPED`` or ``EXIT_FAILED``. torchrun
+collapses every non-zero worker exit into its own exit code 1, so each rank also writes
+``rank-<RANK>.json`` into the folder given by ``--outcome-dir``; ``read_host_outcome`` combines a
+host's files into one outcome (a rank without a file, e.g. one killed by SIGKILL, counts as
+failed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+
+EXIT_FINISHED = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_STOPPED = 75
+"""``EX_TEMPFAIL`` from sysexits.h: a temporary failure, the caller is invited to retry."""
+
+
+class Outcome(StrEnum):
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @property
+    def exit_code(self) -> int:
+        return {
+            Outcome.FINISHED: EXIT_FINISHED,
+            Outcome.STOPPED: EXIT_STOPPED,
+            Outcome.FAILED: EXIT_FAILED,
+        }[self]
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """What one rank wrote when it ended."""
+
+    rank: int
+    outcome: Outcome
+    step: int
+    """The last optimizer step applied."""
+    checkpoint_step: int | None
+    """The newest step this run saved durably (None: it saved none)."""
+    reason: str
+    """``steps``, ``epochs``, a signal name, ``max-seconds``, ``peer`` or an error message."""
+    time: float = 0.0
+
+
+def write_rank_outcome(folder: Path, outcome: RankOutcome) -> Path:
+    """Write ``rank-<RANK>.json`` atomically (a reader never sees half a file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rank-{outcome.rank}.json"
+    tmp = path.with_suffix(".json.tmp")
+    body = {**asdict(outcome), "outcome": outcome.outcome.value, "time": time.time()}
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+    return path
+
+
+def clear_outcomes(folder: Path) -> None:
+    """Remove the files of a previous run (call before starting the trainer again)."""
+    if folder.is_dir():
+        for p in folder.glob("rank-*.json"):
+            p.unlink(missing_ok=True)
+
+
+def read_rank_outcomes(folder: Path) -> list[RankOutcome]:
+    out = []
+    for p in sorted(folder.glob("rank-*.json")) if folder.is_dir() else []:
+        try:
+            d = json.loads(p.read_text())
+            out.append(
+                RankOutcome(
+                    rank=int(d["rank"]),
+                    outcome=Outcome(d["outcome"]),
+                    step=int(d["step"]),
+                    checkpoint_step=d.get("checkpoint_step"),
+                    reason=str(d.get("reason", "")),
+                    time=float(d.get("time", 0.0)),
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # A torn or foreign file: the rank counts as having written none.
+    return out
+
+
+def combine(outcomes: Iterable[RankOutcome], expected_ranks: int) -> Outcome:
+    """One outcome for a host: finished only if every expected rank finished; stopped if every
+    rank wrote one and none failed; failed otherwise (a missing file is a failure)."""
+    got = list(outcomes)
+    if len(got) < expected_ranks or any(o.outcome is Outcome.FAILED for o in got):
+        return Outcome.FAILED
+    if all(o.outcome is Outcome.FINISHED for o in got):
+        return Outcome.FINISHED
+    return Outcome.STOPPED
+
+
+def read_host_outcome(folder: Path, expected_ranks: int) -> tuple[Outcome, list[RankOutcome]]:
+    ranks = read_rank_outcomes(folder)
+    return combine(ranks, expected_ranks), ranks
