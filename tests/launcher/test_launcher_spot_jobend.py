@@ -12,9 +12,15 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from training.launcher.imds import ImdsClient
+from training.launcher.imds import ImdsClient, endpoint_from_env
 from training.launcher.job_end import asg_names_from_env, scale_to_zero
-from training.launcher.spot import INSTANCE_ACTION_PATH, REBALANCE_PATH, SpotNotice, SpotWatcher
+from training.launcher.spot import (
+    INSTANCE_ACTION_PATH,
+    REBALANCE_PATH,
+    TARGET_LIFECYCLE_PATH,
+    SpotNotice,
+    SpotWatcher,
+)
 from training.launcher.supervisor import Supervisor
 
 from .conftest import FakeImds
@@ -115,3 +121,35 @@ def test_scale_to_zero_tries_every_group_before_raising() -> None:
     with pytest.raises(RuntimeError, match="throttled"):
         scale_to_zero(FailingFirst(), ["a", "b"])
     assert calls == ["a", "b"]
+
+
+def test_auto_scaling_termination_stops_and_a_rebalance_only_checkpoints(
+    fake_imds: FakeImds,
+) -> None:
+    stops: list[SpotNotice] = []
+    checkpoints: list[SpotNotice] = []
+    watcher = SpotWatcher(
+        ImdsClient(fake_imds.url), stops.append, on_rebalance=checkpoints.append, interval_s=0.05
+    )
+    fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
+    fake_imds.set(REBALANCE_PATH, '{"noticeTime": "2026-11-22T10:00:00Z"}')
+    watcher.start()
+    deadline = time.monotonic() + 5
+    while not checkpoints and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # several more polls: the recommendation is reported once, no stop
+    assert [n.kind for n in checkpoints] == ["rebalance"] and stops == []
+    assert watcher.is_alive()
+    fake_imds.set(TARGET_LIFECYCLE_PATH, "Terminated")
+    watcher.join(timeout=5)
+    assert not watcher.is_alive()
+    assert [(n.kind, n.stops) for n in stops] == [("asg-termination", True)]
+    assert "Auto Scaling termination" in stops[0].describe()
+
+
+def test_imds_endpoint_comes_from_the_standard_variable() -> None:
+    assert endpoint_from_env({}) == "http://169.254.169.254"
+    assert (
+        endpoint_from_env({"AWS_EC2_METADATA_SERVICE_ENDPOINT": "http://127.0.0.9:8080"})
+        == "http://127.0.0.9:8080"
+    )

@@ -25,7 +25,9 @@ Each pass:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -34,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import psutil
 
 from training.launcher import job_end, roles
 from training.launcher.group import GroupIdentity
@@ -154,13 +158,34 @@ class Ec2Job:
             sup.request_stop(signal.SIGTERM, notice.describe())
 
     def _on_rebalance(self, notice: SpotNotice) -> None:
+        if self.group.role is not Role.TRAINER:
+            return  # A data server has nothing to save.
         with self.signals.lock:
-            sup = self.signals.supervisor
             self.signals.checkpoint_requests += 1
         self._set_host(state="rebalance-checkpoint", notice=notice.describe())
-        if sup is not None and self.group.role is Role.TRAINER:
-            for child in sup.live():
-                child.send_stop(signal.SIGUSR1)  # To torchrun's ranks: checkpoint, go on.
+        self._deliver_checkpoint_request()
+
+    def _deliver_checkpoint_request(self) -> bool:
+        """SIGUSR1 to every rank once all of them handle it (before its handler is installed,
+        SIGUSR1 would kill a rank); False while it is still pending."""
+        with self.signals.lock:
+            sup = self.signals.supervisor
+            if not self.signals.checkpoint_requests or sup is None:
+                return False
+            ranks = [r for c in sup.live() for r in _children(c.pid)]
+            if not ranks or not all(_catches(r, signal.SIGUSR1) for r in ranks):
+                return False
+            for pid in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)  # checkpoint at the next step, go on
+            self.signals.checkpoint_requests = 0
+        log.info("asked %d rank(s) for a checkpoint", len(ranks))
+        return True
+
+    def _deliver_pending(self, stop: threading.Event) -> None:
+        while not stop.wait(0.5):
+            if self.signals.checkpoint_requests:
+                self._deliver_checkpoint_request()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         with self.signals.lock:
@@ -204,9 +229,15 @@ class Ec2Job:
             interval_s=self.settings.spot_poll_s,
         )
         watcher.start()
+        done = threading.Event()
+        deliverer = threading.Thread(
+            target=self._deliver_pending, args=(done,), name="checkpoint-requests", daemon=True
+        )
+        deliverer.start()
         try:
             return self._loop()
         finally:
+            done.set()
             watcher.stop()
             for s, h in previous.items():
                 signal.signal(s, h)
@@ -402,6 +433,25 @@ class Ec2Job:
         signum = self.signals.signum or signal.SIGTERM
         self._set_host(state="left", reason=signal.Signals(signum).name)
         return exit_code_for_signal(signum)
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (torchrun's ranks)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """True when process ``pid`` has a handler for ``sig`` (Linux: SigCgt in /proc status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def record_location(environ: Mapping[str, str], spec: ClusterSpec) -> str | None:

@@ -114,7 +114,7 @@ class JobRecord:
         return value if isinstance(value, dict) else None
 
     def _put_json(self, key: str, value: Mapping[str, Any]) -> None:
-        self._store.put(PREFIX + key, json.dumps({**value, "time": time.time()}).encode())
+        self._store.put(PREFIX + key, json.dumps({"time": time.time(), **value}).encode())
 
     # -- outcome -----------------------------------------------------------------------------
 
@@ -130,7 +130,7 @@ class JobRecord:
         current = self.outcome()
         if current is not None:
             return current
-        value = {"outcome": outcome.value, "reason": reason, "by": by}
+        value = {"outcome": outcome.value, "reason": reason, "by": by, "time": time.time()}
         self._put_json("outcome.json", value)
         log.info("job record: outcome %s (%s)", outcome.value, reason)
         return value

@@ -1,0 +1,277 @@
+"""The EC2 generation loop with real child processes standing in for torchrun: each outcome
+leads to the documented action (moto for EC2, Auto Scaling and S3; a real IMDSv2 server)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from training.launcher.ec2_job import Ec2Job, LoopSettings
+from training.launcher.group import GroupIdentity, GroupSource
+from training.launcher.jobrecord import JobRecord
+from training.launcher.launch import Backend, LaunchPlan
+from training.launcher.peers import Peers
+from training.launcher.roles import RoleCommand
+from training.launcher.spot import REBALANCE_PATH, TARGET_LIFECYCLE_PATH
+from training.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
+from training.spec import ClusterSpec, Role, load_spec
+
+from .conftest import FakeImds
+
+REGION = "us-east-1"
+AMI = "ami-12c6146b"
+URI = "s3://ckpt/checkpoints/one/"
+SPEC = """
+name = "one"
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 1
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 1
+[job]
+steps = 10
+"""
+
+# A stand-in for torchrun's rank: it plays the next behaviour listed in the script file
+# (one per generation) and writes the outcome file the real trainer writes.
+STANDIN = r"""
+import json, pathlib, signal, sys, time
+outcome_dir, script, log = (pathlib.Path(a) for a in sys.argv[1:4])
+plays = script.read_text().split()
+done = log.read_text().split() if log.exists() else []
+mode = plays[min(len(done), len(plays) - 1)]
+log.write_text(" ".join(done + [mode]))
+def outcome(kind, reason):
+    outcome_dir.mkdir(parents=True, exist_ok=True)
+    body = {"rank": 0, "outcome": kind, "step": 3, "checkpoint_step": 3, "reason": reason}
+    (outcome_dir / "rank-0.json").write_text(json.dumps(body))
+def on_term(signum, frame):
+    outcome("stopped", "SIGTERM"); sys.exit(75)
+def on_usr1(signum, frame):
+    outcome_dir.parent.mkdir(parents=True, exist_ok=True)
+    (outcome_dir.parent / "proactive-checkpoint").write_text("saved")
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGUSR1, on_usr1)
+if mode == "finished":
+    outcome("finished", "steps"); sys.exit(0)
+if mode == "stopped":
+    outcome("stopped", "peer"); sys.exit(75)
+if mode == "crash":
+    sys.exit(1)
+if mode == "finish-after-usr1":
+    deadline = time.monotonic() + 20
+    marker = outcome_dir.parent / "proactive-checkpoint"
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    outcome("finished", "steps"); sys.exit(0)
+deadline = time.monotonic() + 20   # "wait": until a signal
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(1)
+"""
+
+
+TORCHRUN = "import subprocess, sys; sys.exit(1 if subprocess.run(sys.argv[1:]).returncode else 0)"
+
+
+class RecordingAutoScaling:
+    """moto's Auto Scaling client, plus CompleteLifecycleAction (moto lacks it) recorded."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.completed: list[dict[str, Any]] = []
+
+    def complete_lifecycle_action(self, **kw: Any) -> dict[str, Any]:
+        self.completed.append(kw)
+        return {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        asg = boto3.client("autoscaling", region_name=REGION)
+        boto3.client("s3", region_name=REGION).create_bucket(Bucket="ckpt")
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(
+            VpcId=vpc, CidrBlock="10.0.0.0/24", AvailabilityZone="us-east-1a"
+        )
+        subnet_id = subnet["Subnet"]["SubnetId"]
+        names = []
+        for group in ("trainer", "dataprep"):
+            name = f"one-{group}"
+            ec2.create_launch_template(
+                LaunchTemplateName=name,
+                LaunchTemplateData={"ImageId": AMI, "InstanceType": "c6i.xlarge"},
+            )
+            asg.create_auto_scaling_group(
+                AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name},
+                MinSize=1, MaxSize=2, DesiredCapacity=1, VPCZoneIdentifier=subnet_id,
+                Tags=[
+                    {"Key": "hetero:cluster", "Value": "one", "PropagateAtLaunch": True},
+                    {"Key": "hetero:group", "Value": group, "PropagateAtLaunch": True},
+                ],
+            )  # fmt: skip
+            names.append(name)
+        trainer = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["one-trainer"])
+        iid = trainer["AutoScalingGroups"][0]["Instances"][0]["InstanceId"]
+        inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+        spec_path = tmp_path / "one.toml"
+        spec_path.write_text(SPEC)
+        yield {
+            "ec2": ec2,
+            "asg": RecordingAutoScaling(asg),
+            "names": names,
+            "instance_id": iid,
+            "ip": inst["PrivateIpAddress"],
+            "spec": load_spec(spec_path),
+        }
+
+
+def make_job(
+    cluster: dict[str, Any], tmp_path: Path, imds: FakeImds, plays: list[str], budget: int = 2
+) -> tuple[Ec2Job, Path]:
+    spec: ClusterSpec = cluster["spec"]
+    script, played = tmp_path / "script", tmp_path / "played"
+    script.write_text(" ".join(plays))
+    identity = GroupIdentity(
+        "trainer", GroupSource.EC2, host=cluster["ip"], instance_id=cluster["instance_id"],
+        region=REGION, cluster="one",
+    )  # fmt: skip
+
+    def plan_for(found: Peers, port: int, outcome_dir: str) -> LaunchPlan:
+        rank = [sys.executable, "-c", STANDIN, outcome_dir, str(script), str(played)]
+        # Like torchrun: a parent whose child is the rank (signals go to the ranks).
+        argv = (sys.executable, "-c", TORCHRUN, *rank)
+        return LaunchPlan(
+            backend=Backend.EC2, identity=identity, role=Role.TRAINER, peers=found,
+            commands=(("trainer", RoleCommand(argv, {})),),
+        )  # fmt: skip
+
+    settings = LoopSettings(
+        restart_budget=budget, restart_backoff_s=0.05, peer_timeout_s=10, poll_s=0.1,
+        spot_poll_s=0.1, grace_s=10, imds_url=imds.url, imds_timeout_s=1.0,
+    )  # fmt: skip
+    job = Ec2Job(
+        spec, identity=identity, settings=settings, plan_for=plan_for,
+        environ={"HETERO_LIFECYCLE_HOOK": "hetero-checkpoint"}, run_dir=tmp_path / "run",
+        ec2=cluster["ec2"], autoscaling=cluster["asg"], record=JobRecord(URI),
+        asg_names=cluster["names"],
+    )  # fmt: skip
+    return job, played
+
+
+def desired(cluster: dict[str, Any]) -> dict[str, int]:
+    groups = cluster["asg"].describe_auto_scaling_groups(AutoScalingGroupNames=cluster["names"])
+    return {g["AutoScalingGroupName"]: g["DesiredCapacity"] for g in groups["AutoScalingGroups"]}
+
+
+def test_finished_records_the_outcome_and_scales_every_group_to_zero(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    job, played = make_job(cluster, tmp_path, fake_imds, ["finished"])
+    assert job.run() == EXIT_FINISHED
+    assert played.read_text() == "finished"
+    outcome = JobRecord(URI).outcome()
+    assert outcome is not None
+    assert (outcome["outcome"], outcome["by"]) == ("finished", cluster["instance_id"])
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+
+
+def test_a_peer_stop_re_forms_without_using_the_restart_budget(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    job, played = make_job(
+        cluster, tmp_path, fake_imds, ["stopped", "stopped", "stopped", "finished"], budget=0
+    )
+    assert job.run() == EXIT_FINISHED
+    assert played.read_text() == "stopped stopped stopped finished"
+    assert job.failures == 0 and job.generation == 4
+
+
+def test_crashes_beyond_the_budget_end_the_job_as_failed(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    job, played = make_job(cluster, tmp_path, fake_imds, ["crash"], budget=2)
+    assert job.run() == EXIT_FAILED
+    assert played.read_text() == "crash crash crash"  # the first run and 2 restarts
+    outcome = JobRecord(URI).outcome()
+    assert outcome is not None and outcome["outcome"] == "failed"
+    assert "restart budget 2" in outcome["reason"]
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+
+
+def test_a_crash_within_the_budget_is_retried(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    job, played = make_job(cluster, tmp_path, fake_imds, ["crash", "finished"], budget=1)
+    assert job.run() == EXIT_FINISHED
+    assert played.read_text() == "crash finished" and job.failures == 1
+
+
+def test_an_auto_scaling_termination_checkpoints_leaves_and_completes_the_hook(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    job, played = make_job(cluster, tmp_path, fake_imds, ["wait"])
+    fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
+
+    import threading
+
+    def terminate_soon() -> None:
+        deadline = time.monotonic() + 10
+        while not played.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        fake_imds.set(TARGET_LIFECYCLE_PATH, "Terminated")
+
+    threading.Thread(target=terminate_soon, daemon=True).start()
+    assert job.run() == EXIT_STOPPED
+    record = JobRecord(URI)
+    assert record.leaving() == {cluster["instance_id"]}
+    assert record.outcome() is None  # a host leaving never ends the job
+    assert cluster["asg"].completed == [
+        {
+            "LifecycleHookName": "hetero-checkpoint",
+            "AutoScalingGroupName": "one-trainer",
+            "InstanceId": cluster["instance_id"],
+            "LifecycleActionResult": "CONTINUE",
+        }
+    ]
+    assert desired(cluster) == {"one-trainer": 1, "one-dataprep": 1}
+
+
+def test_a_rebalance_recommendation_checkpoints_and_training_goes_on(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    job, _ = make_job(cluster, tmp_path, fake_imds, ["finish-after-usr1"])
+    fake_imds.set(REBALANCE_PATH, '{"noticeTime": "2026-11-22T10:00:00Z"}')
+    assert job.run() == EXIT_FINISHED
+    assert (tmp_path / "run" / "proactive-checkpoint").read_text() == "saved"
+    assert job.failures == 0 and job.generation == 1
+    assert JobRecord(URI).leaving() == set()
+
+
+def test_a_host_that_starts_after_the_job_ended_runs_nothing(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    from training.outcome import Outcome
+
+    JobRecord(URI).end(Outcome.FINISHED, reason="training finished", by="i-other")
+    job, played = make_job(cluster, tmp_path, fake_imds, ["crash"])
+    assert job.run() == EXIT_FINISHED
+    assert not played.exists()
