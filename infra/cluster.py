@@ -185,7 +185,14 @@ class InstanceRole(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="ScaleOwnGroupsToZero",
-                actions=["autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity"],
+                # CompleteLifecycleAction: the termination hook, once the checkpoint is saved.
+                # All three take the group as resource and aws:ResourceTag conditions
+                # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html).
+                actions=[
+                    "autoscaling:UpdateAutoScalingGroup",
+                    "autoscaling:SetDesiredCapacity",
+                    "autoscaling:CompleteLifecycleAction",
+                ],
                 resources=asg_arns,
                 conditions={
                     "StringEquals": {f"aws:ResourceTag/{aws_tags.TAG_CLUSTER}": cluster_name}

@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aws_cdk import Annotations, Stack, Tags
+from aws_cdk import Annotations, Duration, Stack, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -30,6 +30,11 @@ TRAINER_AMI_PARAMETER = (
 )
 DATAPREP_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
 ROOT_DEVICE = "/dev/xvda"
+LAUNCHER_RESTARTS = 5
+"""Docker restarts of a launcher that exits non-zero (``docker run --restart on-failure:N``)."""
+TERMINATION_HOOK_TIMEOUT = Duration.minutes(5)
+"""How long an Auto Scaling termination waits for the trainer's checkpoint (the launcher
+completes the lifecycle action sooner; at the timeout the termination goes on anyway)."""
 # Root volume, GiB: the AMI's own snapshot (about 75 GiB for the DL base AMI, 30 for ECS) plus
 # the image (about 10 GiB compressed, 20+ unpacked) plus room for local checkpoint staging.
 ROOT_VOLUME_GIB: Mapping[Role, int] = {Role.TRAINER: 200, Role.DATAPREP: 100}
@@ -62,6 +67,9 @@ def user_data_script(
         aws_tags.ENV_REGION: region,
         "AWS_REGION": region,
     }
+    if group.role is Role.TRAINER:
+        # The trainer group's termination hook: completed after the checkpoint it asks for.
+        env[aws_tags.ENV_LIFECYCLE_HOOK] = aws_tags.LIFECYCLE_HOOK_NAME
     env_flags = " ".join(f"-e {k}={shlex.quote(v)}" for k, v in env.items())
     gpu_flags = "--gpus all " if group.role is Role.TRAINER else ""
     return [
@@ -85,7 +93,10 @@ def user_data_script(
         '-H "X-aws-ec2-metadata-token: $TOKEN" '
         "http://169.254.169.254/latest/meta-data/instance-id)",
         # Host networking: NCCL, EFA and the data plane's gRPC port see the instance's address.
-        "docker run --detach --name hetero --network host --ipc host "
+        # The launcher retries a failed role itself (restart budget); Docker restarts the
+        # launcher if it dies, and the restarted one reads the job record before running.
+        f"docker run --detach --restart on-failure:{LAUNCHER_RESTARTS} --name hetero "
+        "--network host --ipc host "
         f"--ulimit memlock=-1 --ulimit stack=67108864 {gpu_flags}$EFA_DEVICES"
         f"-v {host_spec_dir}:{host_spec_dir}:ro {env_flags} "
         "--log-driver awslogs "
@@ -239,6 +250,18 @@ class InstanceGroupFleet(Construct):
             "@aws-cdk/aws-autoscaling:desiredCapacitySet",
             "deploy starts the job: desired capacity is the spec's count on every deploy",
         )
+        if group.role is Role.TRAINER:
+            # Capacity Rebalancing and scale-in terminate instances themselves, without a Spot
+            # notice: the hook keeps the instance in Terminating:Wait until the launcher has
+            # checkpointed (IMDS autoscaling/target-lifecycle-state says Terminated meanwhile).
+            # https://docs.aws.amazon.com/autoscaling/ec2/userguide/retrieving-target-lifecycle-state-through-imds.html
+            self.auto_scaling_group.add_lifecycle_hook(
+                "CheckpointOnTermination",
+                lifecycle_hook_name=aws_tags.LIFECYCLE_HOOK_NAME,
+                lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
+                heartbeat_timeout=TERMINATION_HOOK_TIMEOUT,
+                default_result=autoscaling.DefaultResult.CONTINUE,
+            )
         for key, value in (
             (aws_tags.TAG_CLUSTER, spec.name),
             (aws_tags.TAG_GROUP, group.name),

@@ -170,6 +170,26 @@ def test_user_data_pulls_the_image_and_runs_the_launcher_as_the_group(spot: Buil
         assert "--log-driver awslogs" in script and "--log-opt awslogs-group=" in script
         assert ("--gpus all" in script) is gpu
         assert "--network host" in script
+        # Docker brings a dead launcher back; the launcher retries the role itself.
+        assert "docker run --detach --restart on-failure:5 --name hetero " in script
+        # Only the trainer group has the termination hook the launcher completes.
+        hook_env = f"-e {aws_tags.ENV_LIFECYCLE_HOOK}={aws_tags.LIFECYCLE_HOOK_NAME} "
+        assert (hook_env in script) is gpu
+
+
+def test_trainer_group_has_the_termination_hook_the_launcher_completes(spot: BuiltApp) -> None:
+    hooks = spot.cluster.find_resources("AWS::AutoScaling::LifecycleHook")
+    assert len(hooks) == 1, hooks
+    props = next(iter(hooks.values()))["Properties"]
+    trainer_asg = spot.stacks.cluster.fleets["trainer"].auto_scaling_group
+    cfn_asg = trainer_asg.node.default_child
+    assert isinstance(cfn_asg, cdk.CfnResource)
+    assert props["AutoScalingGroupName"] == {"Ref": spot.stacks.cluster.get_logical_id(cfn_asg)}
+    assert props["LifecycleHookName"] == aws_tags.LIFECYCLE_HOOK_NAME
+    assert props["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert props["DefaultResult"] == "CONTINUE"
+    assert props["HeartbeatTimeout"] == 300
+    assert "NotificationTargetARN" not in props  # the instance polls IMDS; no queue needed
 
 
 def test_user_data_carries_the_deployed_spec(spot: BuiltApp) -> None:
@@ -326,6 +346,8 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
     assert scale["Condition"] == {
         "StringEquals": {f"aws:ResourceTag/{aws_tags.TAG_CLUSTER}": "vit-spot"}
     }
+    # The termination hook is completed on the same groups, under the same condition.
+    assert by_action["autoscaling:CompleteLifecycleAction"] is scale
     # Metrics only in the project's namespace; peer discovery; image pull; logs.
     metrics = by_action["cloudwatch:PutMetricData"]
     assert metrics["Condition"] == {
