@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("training.dataplane.demo", "local data-plane demo: N data servers, one client"),
     "launch": ("training.launcher.launch", "the container entry point: run this host's role"),
     "local": ("training.launcher.local", "run the whole heterogeneous topology on this machine"),
+    "status": ("training.launcher.status", "show a deployed job: groups, instances, outcome"),
+    "rehearse": ("training.rehearsal.cli", "rehearse the spec's AWS lifecycle here, with faults"),
 }
 
 

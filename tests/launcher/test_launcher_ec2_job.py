@@ -275,3 +275,38 @@ def test_a_host_that_starts_after_the_job_ended_runs_nothing(
     job, played = make_job(cluster, tmp_path, fake_imds, ["crash"])
     assert job.run() == EXIT_FINISHED
     assert not played.exists()
+
+
+def test_status_shows_groups_instances_outcome_metrics_and_newest_checkpoint(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    from training.launcher.status import collect
+
+    s3 = boto3.client("s3", region_name=REGION)
+    for key in ("step-4/a.distcp", "step-4/COMPLETE", "step-8/a.distcp"):  # step 8 is cut off
+        s3.put_object(Bucket="ckpt", Key=f"checkpoints/one/{key}", Body=b"x")
+    record = JobRecord(URI)
+    record.set_host(cluster["instance_id"], state="running", metrics={"step": 7, "loss": 2.5})
+    status = collect(
+        cluster["spec"], checkpoint_uri=URI, ec2=cluster["ec2"], autoscaling=cluster["asg"], s3=s3
+    )
+    assert status.errors == []
+    assert [(g["group"], g["desired"], g["in_service"]) for g in status.groups] == [
+        ("trainer", 1, 1),
+        ("dataprep", 1, 1),
+    ]
+    trainer = [i for i in status.instances if i["group"] == "trainer"]
+    assert [(i["instance_id"], i["market"], i["az"]) for i in trainer] == [
+        (cluster["instance_id"], "on-demand", "us-east-1a")
+    ]
+    assert status.outcome is None
+    assert status.hosts[cluster["instance_id"]]["metrics"] == {"step": 7, "loss": 2.5}
+    assert status.newest_checkpoint == "s3://ckpt/checkpoints/one/step-4/"
+    # After the job: the outcome and the groups at zero.
+    job, _ = make_job(cluster, tmp_path, fake_imds, ["finished"])
+    assert job.run() == EXIT_FINISHED
+    after = collect(
+        cluster["spec"], checkpoint_uri=URI, ec2=cluster["ec2"], autoscaling=cluster["asg"], s3=s3
+    )
+    assert after.outcome is not None and after.outcome["outcome"] == "finished"
+    assert [g["desired"] for g in after.groups] == [0, 0]

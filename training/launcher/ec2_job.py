@@ -26,6 +26,7 @@ Each pass:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -85,6 +86,8 @@ class LoopSettings:
     rendezvous_timeout_s: int = RENDEZVOUS_TIMEOUT_S
     imds_url: str = ""
     imds_timeout_s: float = 1.0
+    heartbeat_s: float = 30.0
+    """How often a running host puts its state and last metrics into the job record."""
 
 
 @dataclass
@@ -352,7 +355,13 @@ class Ec2Job:
                           self_index=0)  # fmt: skip
             port = roles.RENDEZVOUS_PORT
         plan = self.plan_for(peers, port, str(outcome_dir))
-        self._set_host(state="running", members=list(membership.ids) if membership else None)
+        members = list(membership.ids) if membership else None
+        self._set_host(state="running", members=members)
+        beat = threading.Event()
+        heartbeat = threading.Thread(
+            target=self._heartbeat, args=(beat, members), name="heartbeat", daemon=True
+        )
+        heartbeat.start()
         with Supervisor(grace_s=self.settings.grace_s, subreaper=True) as sup:
             with self.signals.lock:
                 self.signals.supervisor = sup
@@ -368,6 +377,7 @@ class Ec2Job:
                     sup.request_stop(signal.SIGTERM, "leaving")
                 codes = sup.run_until_done()
             finally:
+                beat.set()
                 with self.signals.lock:
                     self.signals.supervisor = None
         for (name, _), code in zip(plan.commands, codes, strict=True):
@@ -385,6 +395,11 @@ class Ec2Job:
             reason = f"exit codes {codes}"
         self._set_host(state=f"generation-{outcome.value}", reason=reason)
         return GenerationResult(outcome, codes, reason, membership)
+
+    def _heartbeat(self, done: threading.Event, members: list[str] | None) -> None:
+        """While the role runs: this host's state and the trainer's last metrics line."""
+        while not done.wait(self.settings.heartbeat_s):
+            self._set_host(state="running", members=members, metrics=_last_metrics(self.run_dir))
 
     # -- endings -----------------------------------------------------------------------------
 
@@ -433,6 +448,20 @@ class Ec2Job:
         signum = self.signals.signum or signal.SIGTERM
         self._set_host(state="left", reason=signal.Signals(signum).name)
         return exit_code_for_signal(signum)
+
+
+def _last_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """The last line of the trainer's ``metrics.jsonl`` (rank 0's host only), or None."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+        value = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _children(pid: int) -> list[int]:

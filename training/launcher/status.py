@@ -1,0 +1,174 @@
+"""``hetero status``: the job as AWS and its job record see it.
+
+Groups (desired, minimum, maximum and in-service counts), instances by group, market and AZ,
+the job's outcome, each host's last reported state and metrics, and the newest complete
+checkpoint. Read-only: it calls only Describe/List/Get APIs. Credentials, region and endpoint
+come from the usual places (``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from training import aws_tags
+from training.launcher.jobrecord import JobRecord
+from training.launcher.peers import list_cluster_instances
+from training.spec import ClusterSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobStatus:
+    cluster: str
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    instances: list[dict[str, Any]] = field(default_factory=list)
+    outcome: dict[str, Any] | None = None
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    newest_checkpoint: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def collect(
+    spec: ClusterSpec,
+    *,
+    checkpoint_uri: str | None,
+    ec2: Any,
+    autoscaling: Any,
+    s3: Any | None = None,
+) -> JobStatus:
+    """Everything ``hetero status`` shows; each source's failure is kept in ``errors``."""
+    status = JobStatus(cluster=spec.name)
+    names = [aws_tags.asg_name(spec.name, g.name) for g in spec.groups]
+    try:
+        found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=names)
+        by_name = {g["AutoScalingGroupName"]: g for g in found.get("AutoScalingGroups", [])}
+        for g, name in zip(spec.groups, names, strict=True):
+            asg = by_name.get(name)
+            status.groups.append(
+                {
+                    "group": g.name,
+                    "asg": name,
+                    "desired": asg["DesiredCapacity"] if asg else None,
+                    "min": asg["MinSize"] if asg else None,
+                    "max": asg["MaxSize"] if asg else None,
+                    "in_service": sum(
+                        1 for i in (asg or {}).get("Instances", [])
+                        if i.get("LifecycleState") == "InService"
+                    ),
+                }
+            )  # fmt: skip
+    except Exception as e:
+        status.errors.append(f"Auto Scaling: {e}")
+    try:
+        for group, instances in sorted(list_cluster_instances(ec2, spec.name).items()):
+            for inst in instances:
+                status.instances.append(
+                    {
+                        "group": group,
+                        "instance_id": inst["InstanceId"],
+                        "type": inst.get("InstanceType"),
+                        "market": "spot" if inst.get("InstanceLifecycle") == "spot"
+                        else "on-demand",
+                        "az": inst.get("Placement", {}).get("AvailabilityZone"),
+                        "address": inst.get("PrivateIpAddress"),
+                    }
+                )  # fmt: skip
+    except Exception as e:
+        status.errors.append(f"EC2: {e}")
+    if checkpoint_uri:
+        try:
+            record = JobRecord(checkpoint_uri, s3_client=s3)
+            status.outcome = record.outcome()
+            status.hosts = record.hosts()
+        except Exception as e:
+            status.errors.append(f"job record in {checkpoint_uri}: {e}")
+        if checkpoint_uri.startswith("s3://"):
+            try:
+                from training.trainer.checkpoint_s3 import S3CheckpointStore
+
+                store = S3CheckpointStore(checkpoint_uri, client=s3)
+                step = store.latest_complete()
+                status.newest_checkpoint = store.step_uri(step) if step is not None else None
+            except Exception as e:
+                status.errors.append(f"checkpoints in {checkpoint_uri}: {e}")
+    return status
+
+
+def render(status: JobStatus) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    outcome = status.outcome or {}
+    console.print(
+        f"[bold]{status.cluster}[/]: job "
+        f"{outcome.get('outcome', 'running (no outcome recorded)')}"
+        + (f" ({outcome.get('reason')})" if outcome.get("reason") else "")
+    )
+    groups = Table("group", "Auto Scaling group", "desired", "min", "max", "in service")
+    for g in status.groups:
+        groups.add_row(
+            *(str(g[k]) for k in ("group", "asg", "desired", "min", "max", "in_service"))
+        )
+    console.print(groups)
+    instances = Table(
+        "group", "instance", "type", "market", "AZ", "address", "state", "last metrics"
+    )
+    for inst in status.instances:
+        host = status.hosts.get(inst["instance_id"], {})
+        metrics = host.get("metrics") or {}
+        shown = ", ".join(
+            f"{k} {metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"
+            for k in ("step", "samples_per_s", "data_wait_share", "loss")
+            if k in metrics
+        )
+        instances.add_row(
+            inst["group"], inst["instance_id"], str(inst["type"]), inst["market"],
+            str(inst["az"]), str(inst["address"]), str(host.get("state", "-")), shown or "-",
+        )  # fmt: skip
+    console.print(instances)
+    console.print(f"newest complete checkpoint: {status.newest_checkpoint or 'none'}")
+    for e in status.errors:
+        console.print(f"[red]could not read[/] {e}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", default="cluster.toml", help="the deployed cluster spec")
+    parser.add_argument(
+        "--checkpoint-uri",
+        help="where the checkpoints and the job record are (default: the stack's "
+        f"s3://BUCKET/{aws_tags.CHECKPOINT_PREFIX}/<name>/ from ${aws_tags.ENV_CHECKPOINT_URI}, "
+        "else the spec's job.checkpoint.dir)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def run(args: argparse.Namespace) -> int:
+    import boto3
+
+    spec = load_spec(args.spec)
+    uri = (
+        args.checkpoint_uri
+        or os.environ.get(aws_tags.ENV_CHECKPOINT_URI, "").strip()
+        or spec.job.checkpoint.dir
+    )
+    status = collect(
+        spec,
+        checkpoint_uri=uri,
+        ec2=boto3.client("ec2"),
+        autoscaling=boto3.client("autoscaling"),
+        s3=boto3.client("s3") if uri.startswith("s3://") else None,
+    )
+    if args.json:
+        json.dump(asdict(status), sys.stdout, indent=2, default=str)
+        print()
+    else:
+        render(status)
+    return 1 if status.errors else 0
