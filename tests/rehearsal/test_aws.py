@@ -1,0 +1,92 @@
+"""moto set up as the cluster stack would: groups, tags, lifecycle hook, bucket, instances on
+loopback addresses; and the Auto Scaling behaviour the rehearsal relies on."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from training.aws_tags import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
+from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator
+from training.spec import load_spec
+
+
+def test_provision_creates_groups_tags_hook_and_bucket(aws: AwsEmulator, small_spec: Path) -> None:
+    spec = load_spec(small_spec)
+    names = aws.provision(spec)
+    assert names.asg_names == {"trainer": asg_name("tiny", "trainer"), "dataprep": "tiny-dataprep"}
+    assert names.checkpoint_uri == "s3://tiny-checkpoints/checkpoints/tiny/"
+    assert names.job_record_key == "checkpoints/tiny/job/outcome.json"
+
+    autoscaling = aws.client("autoscaling")
+    groups = {
+        g["AutoScalingGroupName"]: g
+        for g in autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+    }
+    assert set(groups) == {"tiny-trainer", "tiny-dataprep"}
+    trainer = groups["tiny-trainer"]
+    assert (trainer["MinSize"], trainer["DesiredCapacity"]) == (2, 2)
+    tags = {t["Key"]: (t["Value"], t["PropagateAtLaunch"]) for t in trainer["Tags"]}
+    assert tags[TAG_CLUSTER] == ("tiny", True)
+    assert tags[TAG_GROUP] == ("trainer", True)
+    assert tags[TAG_ROLE] == ("trainer", True)
+    hooks = autoscaling.describe_lifecycle_hooks(AutoScalingGroupName="tiny-trainer")
+    (hook,) = hooks["LifecycleHooks"]
+    assert hook["LifecycleHookName"] == LIFECYCLE_HOOK
+    assert hook["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert aws.client("s3").head_bucket(Bucket="tiny-checkpoints")
+
+    instances = aws.instances("tiny")
+    assert sorted((i.group, i.role) for i in instances) == [
+        ("dataprep", "dataprep"),
+        ("trainer", "trainer"),
+        ("trainer", "trainer"),
+    ]
+    for inst in instances:
+        assert inst.state == "running"
+        ip = ipaddress.ip_address(inst.private_ip)
+        assert ip.is_loopback and ip in ipaddress.ip_network("127.0.1.0/24")
+    assert len({i.private_ip for i in instances}) == 3
+
+
+def test_groups_replace_terminated_instances_and_scale_to_zero(
+    aws: AwsEmulator, small_spec: Path
+) -> None:
+    names = aws.provision(load_spec(small_spec))
+
+    def running(group: str) -> list[str]:
+        return [
+            i.instance_id
+            for i in aws.instances("tiny")
+            if i.group == group and i.state == "running"
+        ]
+
+    first, second = running("trainer")
+    aws.terminate_instance(first)  # EC2 TerminateInstances: replaced
+    after = running("trainer")
+    assert first not in after and second in after and len(after) == 2
+
+    aws.terminate_in_group(second, decrement=False)  # replaced too
+    assert len(running("trainer")) == 2 and second not in running("trainer")
+
+    aws.set_desired_capacity(names.asg_names["trainer"], 3)  # Capacity Rebalancing's extra
+    assert len(running("trainer")) == 3
+    aws.terminate_in_group(running("trainer")[0], decrement=True)  # not replaced
+    assert len(running("trainer")) == 2
+    assert aws.desired_capacities(names)["tiny-trainer"] == 2
+
+    autoscaling = aws.client("autoscaling")
+    for asg in names.asg_names.values():
+        autoscaling.update_auto_scaling_group(
+            AutoScalingGroupName=asg, MinSize=0, DesiredCapacity=0
+        )
+    assert running("trainer") == [] and running("dataprep") == []
+    assert aws.desired_capacities(names) == {"tiny-trainer": 0, "tiny-dataprep": 0}
+
+
+def test_reset_starts_from_nothing(aws: AwsEmulator, small_spec: Path) -> None:
+    aws.provision(load_spec(small_spec))
+    aws.reset()
+    assert aws.instances("tiny") == []
+    names = aws.provision(load_spec(small_spec))  # the same names again: no conflict
+    assert len(aws.instances(names.cluster)) == 3

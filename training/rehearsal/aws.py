@@ -1,0 +1,303 @@
+"""moto in server mode standing in for EC2, Auto Scaling and S3, set up as the CDK stack would.
+
+``AwsEmulator.start()`` runs ``moto.server.ThreadedMotoServer`` on 127.0.0.1 (any free port) in
+this process; ``provision(spec)`` creates what the cluster stack creates for one spec:
+
+- a VPC ``127.0.0.0/16`` with one subnet ``127.0.1.0/24``: moto gives instances private IPs
+  127.0.1.4, .5, ... in launch order, real loopback addresses every process can bind;
+- per instance group a launch template (IMDSv2 required, instance metadata tags on) and an Auto
+  Scaling group named ``training.aws_tags.asg_name(cluster, group)`` with MinSize =
+  DesiredCapacity = count, tagged ``hetero:cluster``, ``hetero:group`` and ``hetero:role`` with
+  PropagateAtLaunch, and a termination lifecycle hook ``hetero-checkpoint``;
+- the checkpoint bucket.
+
+moto's Auto Scaling launches instances when the desired capacity grows, replaces an instance
+terminated with ``TerminateInstances`` or ``TerminateInstanceInAutoScalingGroup`` (without
+decrementing), and terminates every instance when the desired capacity goes to 0. What moto does
+not do: ``CompleteLifecycleAction`` (it answers HTTP 500), Terminating:Wait (terminations are
+immediate), Spot markets, capacity rebalancing (``injector`` emulates it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from training.aws_tags import (
+    CHECKPOINT_PREFIX,
+    TAG_CLUSTER,
+    TAG_GROUP,
+    TAG_ROLE,
+    asg_name,
+)
+from training.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+VPC_CIDR = "127.0.0.0/16"
+SUBNET_CIDR = "127.0.1.0/24"
+LIFECYCLE_HOOK = "hetero-checkpoint"
+DEFAULT_REGION = "us-east-1"
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+JOB_RECORD_KEY = "job/outcome.json"
+"""The launcher's job record, relative to the checkpoint URI."""
+_AMI = "ami-12c6146b"  # one of moto's default images
+
+
+@dataclass(frozen=True)
+class ClusterNames:
+    """What ``provision`` created: the names every instance is told."""
+
+    cluster: str
+    region: str
+    bucket: str
+    checkpoint_prefix: str
+    """Key prefix of the checkpoints, ending in '/' (``checkpoints/<cluster>/``)."""
+    asg_names: dict[str, str]
+    """Group name -> Auto Scaling group name."""
+    lifecycle_hook: str = LIFECYCLE_HOOK
+
+    @property
+    def checkpoint_uri(self) -> str:
+        return f"s3://{self.bucket}/{self.checkpoint_prefix}"
+
+    @property
+    def job_record_key(self) -> str:
+        return self.checkpoint_prefix + JOB_RECORD_KEY
+
+
+@dataclass(frozen=True)
+class EmulatedInstance:
+    """One EC2 instance as moto describes it."""
+
+    instance_id: str
+    state: str
+    """``pending``, ``running``, ``shutting-down``, ``terminated``, ..."""
+    private_ip: str
+    group: str
+    role: str
+    launch_time: float
+
+
+def region_for(spec: ClusterSpec) -> str:
+    """The spec's region when it names one, else us-east-1."""
+    return str(getattr(spec, "region", None) or DEFAULT_REGION)
+
+
+class AwsEmulator:
+    """A moto server plus the clients the rehearsal itself uses (always straight to moto)."""
+
+    def __init__(self, region: str = DEFAULT_REGION) -> None:
+        self.region = region
+        self._server: Any = None
+        self._clients: dict[str, Any] = {}
+        self.endpoint_url = ""
+
+    def start(self) -> AwsEmulator:
+        from moto.server import ThreadedMotoServer  # heavy; only a rehearsal needs it
+
+        # One access-log line per request (and a traceback for every unimplemented action,
+        # e.g. CompleteLifecycleAction) would drown the rehearsal's own console lines.
+        logging.getLogger("werkzeug").setLevel(logging.CRITICAL)
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint_url = f"http://{host}:{port}"
+        # moto's backends live in this process: start from nothing (an earlier rehearsal in the
+        # same process, e.g. the baseline, must not leak its instances into this one).
+        self.reset()
+        return self
+
+    def reset(self) -> None:
+        req = urllib.request.Request(self.endpoint_url + "/moto-api/reset", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            resp.read()
+        self._clients.clear()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self.reset()
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self) -> AwsEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint_url.rsplit(":", 1)[1])
+
+    def client(self, service: str) -> Any:
+        if service not in self._clients:
+            self._clients[service] = boto3.client(
+                service,  # type: ignore[call-overload]
+                endpoint_url=self.endpoint_url,
+                region_name=self.region,
+                aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                config=Config(retries={"max_attempts": 3, "mode": "standard"}),
+            )
+        return self._clients[service]
+
+    # -- what the stack creates --------------------------------------------------------------
+
+    def provision(self, spec: ClusterSpec) -> ClusterNames:
+        """VPC, subnet, launch templates, Auto Scaling groups (which launch the instances),
+        lifecycle hooks and the checkpoint bucket for ``spec``."""
+        ec2, autoscaling, s3 = self.client("ec2"), self.client("autoscaling"), self.client("s3")
+        vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(
+            VpcId=vpc, CidrBlock=SUBNET_CIDR, AvailabilityZone=f"{self.region}a"
+        )["Subnet"]["SubnetId"]
+        bucket = f"{spec.name}-checkpoints"
+        if self.region == "us-east-1":
+            s3.create_bucket(Bucket=bucket)
+        else:
+            s3.create_bucket(
+                Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": self.region}
+            )
+        names: dict[str, str] = {}
+        for group in spec.groups:
+            name = asg_name(spec.name, group.name)
+            template = f"{name}-lt"
+            ec2.create_launch_template(
+                LaunchTemplateName=template,
+                LaunchTemplateData={
+                    "ImageId": _AMI,
+                    "InstanceType": group.instance_types[0],
+                    "MetadataOptions": {
+                        "HttpTokens": "required",
+                        "HttpEndpoint": "enabled",
+                        "InstanceMetadataTags": "enabled",
+                    },
+                },
+            )
+            tags = {TAG_CLUSTER: spec.name, TAG_GROUP: group.name, TAG_ROLE: group.role.value}
+            autoscaling.create_auto_scaling_group(
+                AutoScalingGroupName=name,
+                LaunchTemplate={"LaunchTemplateName": template, "Version": "$Latest"},
+                MinSize=group.count,
+                MaxSize=2 * group.count,  # room for Capacity Rebalancing's early replacements
+                DesiredCapacity=group.count,
+                VPCZoneIdentifier=subnet,
+                Tags=[
+                    {
+                        "Key": k,
+                        "Value": v,
+                        "PropagateAtLaunch": True,
+                        "ResourceId": name,
+                        "ResourceType": "auto-scaling-group",
+                    }
+                    for k, v in tags.items()
+                ],
+            )
+            autoscaling.put_lifecycle_hook(
+                LifecycleHookName=LIFECYCLE_HOOK,
+                AutoScalingGroupName=name,
+                LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING",
+                HeartbeatTimeout=120,
+                DefaultResult="CONTINUE",
+            )
+            names[group.name] = name
+        return ClusterNames(
+            cluster=spec.name,
+            region=self.region,
+            bucket=bucket,
+            checkpoint_prefix=f"{CHECKPOINT_PREFIX}/{spec.name}/",
+            asg_names=names,
+        )
+
+    # -- what the rehearsal reads and does ---------------------------------------------------
+
+    def instances(self, cluster: str) -> list[EmulatedInstance]:
+        """Every instance tagged with ``cluster`` (any state), in launch order."""
+        ec2 = self.client("ec2")
+        found: list[EmulatedInstance] = []
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
+        )
+        for page in pages:
+            for reservation in page.get("Reservations", []):
+                for inst in reservation.get("Instances", []):
+                    tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    found.append(
+                        EmulatedInstance(
+                            instance_id=inst["InstanceId"],
+                            state=inst["State"]["Name"],
+                            private_ip=inst.get("PrivateIpAddress", ""),
+                            group=tags.get(TAG_GROUP, ""),
+                            role=tags.get(TAG_ROLE, ""),
+                            launch_time=inst["LaunchTime"].timestamp(),
+                        )
+                    )
+        return sorted(found, key=lambda i: (i.launch_time, _ip_key(i.private_ip)))
+
+    def desired_capacities(self, names: ClusterNames) -> dict[str, int]:
+        """Auto Scaling group name -> desired capacity (groups that no longer exist: absent)."""
+        groups = self.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=list(names.asg_names.values())
+        )["AutoScalingGroups"]
+        return {g["AutoScalingGroupName"]: int(g["DesiredCapacity"]) for g in groups}
+
+    def set_desired_capacity(self, asg: str, desired: int) -> None:
+        self.client("autoscaling").set_desired_capacity(
+            AutoScalingGroupName=asg, DesiredCapacity=desired
+        )
+
+    def terminate_instance(self, instance_id: str) -> None:
+        """EC2 TerminateInstances (the Auto Scaling group then launches a replacement)."""
+        self.client("ec2").terminate_instances(InstanceIds=[instance_id])
+
+    def terminate_in_group(self, instance_id: str, *, decrement: bool) -> None:
+        """TerminateInstanceInAutoScalingGroup."""
+        self.client("autoscaling").terminate_instance_in_auto_scaling_group(
+            InstanceId=instance_id, ShouldDecrementDesiredCapacity=decrement
+        )
+
+    def read_object(self, bucket: str, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        s3 = self.client("s3")
+        try:
+            return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except s3.exceptions.NoSuchKey:
+            return None
+
+    def list_keys(self, bucket: str, prefix: str) -> list[str]:
+        keys: list[str] = []
+        pages = (
+            self.client("s3")
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=bucket, Prefix=prefix)
+        )
+        for page in pages:
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+        return keys
+
+    def download_prefix(self, bucket: str, prefix: str, dest: Path) -> int:
+        """Every object under ``prefix`` into ``dest`` (same relative paths); files written."""
+        s3 = self.client("s3")
+        count = 0
+        for key in self.list_keys(bucket, prefix):
+            target = dest / key[len(prefix) :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, key, str(target))
+            count += 1
+        return count
+
+
+def _ip_key(ip: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in ip.split("."))
+    except ValueError:
+        return (0,)
