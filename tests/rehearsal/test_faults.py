@@ -1,0 +1,135 @@
+"""Fault flags and scenario files: good input parses, bad input names the accepted form."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training.rehearsal.faults import (
+    INSTANCE_FORM,
+    OUTAGE_FORM,
+    Fault,
+    FaultKind,
+    FaultSyntaxError,
+    Trigger,
+    check_against_spec,
+    load_scenario,
+    parse_instance_fault,
+    parse_outage,
+)
+from training.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "expected"),
+    [
+        ("interrupt", "trainer:0@10", Fault(FaultKind.INTERRUPT, Trigger(step=10), "trainer", 0)),
+        ("kill", "dataprep:1@30s", Fault(FaultKind.KILL, Trigger(seconds=30.0), "dataprep", 1)),
+        (
+            "rebalance",
+            " trainer:2@2.5s ",
+            Fault(FaultKind.REBALANCE, Trigger(seconds=2.5), "trainer", 2),
+        ),
+        ("crash", "trainer:1@0", Fault(FaultKind.CRASH, Trigger(step=0), "trainer", 1)),
+        (
+            "kill-data-server",
+            "dataprep:0@5",
+            Fault(FaultKind.KILL_DATA_SERVER, Trigger(step=5), "dataprep", 0),
+        ),
+    ],
+)
+def test_instance_faults_parse(kind: str, text: str, expected: Fault) -> None:
+    assert parse_instance_fault(kind, text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["trainer@10", "trainer:0", "trainer:x@10", "Trainer:0@10", "trainer:0@1.5", "0@10", ""]
+)
+def test_bad_instance_faults_name_the_form(text: str) -> None:
+    with pytest.raises(FaultSyntaxError) as e:
+        parse_instance_fault("interrupt", text)
+    assert "--interrupt" in str(e.value)
+    assert INSTANCE_FORM in str(e.value) or "whole number" in str(e.value)
+
+
+def test_outages_parse_and_bad_ones_name_the_form() -> None:
+    assert parse_outage("20:8") == Fault(FaultKind.S3_OUTAGE, Trigger(step=20), duration_s=8.0)
+    assert parse_outage("45s:2.5").trigger == Trigger(seconds=45.0)
+    for bad in ("20", "20:", ":8", "a:8", "20:-1"):
+        with pytest.raises(FaultSyntaxError, match="--s3-outage") as e:
+            parse_outage(bad)
+        assert OUTAGE_FORM in str(e.value)
+    with pytest.raises(FaultSyntaxError, match="more than 0"):
+        parse_outage("20:0")
+
+
+def test_unknown_kind_lists_the_kinds() -> None:
+    with pytest.raises(FaultSyntaxError, match="interrupt, rebalance, kill, crash"):
+        parse_instance_fault("explode", "trainer:0@1")  # type: ignore[arg-type]
+
+
+def test_describe_round_trips() -> None:
+    for kind, text in [("interrupt", "trainer:0@10"), ("kill", "dataprep:1@30s")]:
+        assert parse_instance_fault(kind, text).describe() == f"{kind} {text}"
+    assert parse_outage("20:8").describe() == "s3-outage 20:8"
+
+
+def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
+    toml = tmp_path / "spot.toml"
+    toml.write_text(
+        'name = "spot"\ninterrupt = ["trainer:1@10"]\nkill_data_server = "dataprep:0@12"\n'
+        's3-outage = ["20:5"]\nnotice-seconds = 5\n[expect]\noutcome = "finished"\n'
+    )
+    s = load_scenario(toml)
+    assert s.name == "spot" and s.notice_seconds == 5.0
+    assert [f.describe() for f in s.faults] == [
+        "interrupt trainer:1@10",
+        "kill-data-server dataprep:0@12",
+        "s3-outage 20:5",
+    ]
+    assert s.expect.expects_params_equal
+
+    js = tmp_path / "crash.json"
+    js.write_text(json.dumps({"crash": ["trainer:0@3"], "expect": {"outcome": "failed"}}))
+    s = load_scenario(js)
+    assert s.name == "crash" and s.faults[0].kind is FaultKind.CRASH
+    assert s.expect.outcome == "failed" and not s.expect.expects_params_equal
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('interrupt = ["trainer:0"]', "GROUP:INDEX@STEP"),
+        ("interrupt = 3", "must be a string or a list"),
+        ('explode = ["trainer:0@1"]', "unknown fault kind"),
+        ('[expect]\noutcome = "maybe"', "'finished' or 'failed'"),
+        ("[expect]\nspeed = 1", "unknown expect key"),
+        ("notice-seconds = -1", "notice-seconds"),
+        ("interrupt = [", "not valid TOML"),
+    ],
+)
+def test_bad_scenarios_say_what_is_wrong(tmp_path: Path, body: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(body + "\n")
+    with pytest.raises(FaultSyntaxError, match=message):
+        load_scenario(path)
+
+
+def test_faults_are_checked_against_the_spec() -> None:
+    spec = load_spec(REPO / "specs" / "rehearsal.toml")
+    ok = [parse_instance_fault("interrupt", "trainer:0@1"), parse_outage("3:1")]
+    assert check_against_spec(ok, spec) == []
+    bad = [
+        parse_instance_fault("interrupt", "gpu:0@1"),
+        parse_instance_fault("crash", "dataprep:0@1"),
+        parse_instance_fault("kill-data-server", "trainer:0@1"),
+    ]
+    problems = check_against_spec(bad, spec)
+    assert len(problems) == 3
+    assert "no group 'gpu'" in problems[0]
+    assert "crash needs a trainer group" in problems[1]
+    assert "kill-data-server needs a dataprep group" in problems[2]
