@@ -1,0 +1,138 @@
+"""``hetero rehearse``: the spec's AWS lifecycle on this machine, with injected faults."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from training.rehearsal.faults import (
+    INSTANCE_FORM,
+    OUTAGE_FORM,
+    FaultKind,
+    FaultSyntaxError,
+    Scenario,
+    check_against_spec,
+    load_scenario,
+    merge,
+    parse_instance_fault,
+)
+from training.rehearsal.rehearse import DEFAULT_NOTICE_S, DEFAULT_TIMEOUT_S, RehearsalOptions
+from training.spec import load_spec
+
+EXIT_USAGE = 2
+
+_FAULT_HELP = {
+    FaultKind.INTERRUPT: "Spot interruption notice, then termination after --notice-seconds",
+    FaultKind.REBALANCE: "rebalance recommendation, then Capacity Rebalancing (replacement "
+    "first, then the at-risk instance goes)",
+    FaultKind.KILL: "SIGKILL the instance's processes and terminate it (hard loss)",
+    FaultKind.CRASH: "SIGKILL the trainer worker on the instance every time it runs from then "
+    "on (exhausts the restart budget)",
+    FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        f"Instance faults take {INSTANCE_FORM}: INDEX counts the group's instances from 0 in "
+        "launch order (0..count-1 are the group's original instances, count and up its "
+        "replacements in the order they launch); STEP is the training step (the highest step "
+        "in the sample logs), Ns is N seconds after the start. Every fault flag can be repeated."
+    )
+    parser.add_argument("--spec", required=True, help="cluster spec (TOML)")
+    parser.add_argument("--out", required=True, help="output folder (rehearsal.json, instances/)")
+    for kind, text in _FAULT_HELP.items():
+        parser.add_argument(
+            f"--{kind.value}",
+            action="append",
+            default=[],
+            metavar="GROUP:INDEX@STEP",
+            help=text,
+        )
+    parser.add_argument(
+        "--s3-outage",
+        action="append",
+        default=[],
+        metavar="STEP:SECONDS",
+        help=f"S3 unreachable from the instances for SECONDS ({OUTAGE_FORM})",
+    )
+    parser.add_argument("--scenario", help="a TOML or JSON file listing faults (see docs)")
+    base = parser.add_mutually_exclusive_group()
+    base.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="reuse the uninterrupted rehearsal in DIR (default: run one into OUT/baseline)",
+    )
+    base.add_argument(
+        "--no-baseline", action="store_true", help="do not compare with an uninterrupted run"
+    )
+    parser.add_argument(
+        "--notice-seconds",
+        type=float,
+        default=None,
+        help=f"seconds between a Spot notice and the termination (default {DEFAULT_NOTICE_S:g}: "
+        "AWS's two minutes, scaled down)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"bound on the whole rehearsal in seconds (default {DEFAULT_TIMEOUT_S:g})",
+    )
+
+
+def build_scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario file's faults plus the flags' (``FaultSyntaxError`` names the bad one)."""
+    scenario = load_scenario(args.scenario) if args.scenario else Scenario()
+    flags = []
+    for kind in FaultKind:
+        for text in getattr(args, kind.value.replace("-", "_")):
+            flags.append(parse_instance_fault(kind, text))
+    return merge(scenario, flags)
+
+
+def run(args: argparse.Namespace) -> int:
+    from training.launcher.supervisor import become_subreaper
+    from training.rehearsal import report
+    from training.rehearsal.rehearse import rehearse
+
+    spec = load_spec(args.spec)
+    try:
+        scenario = build_scenario(args)
+    except FaultSyntaxError as e:
+        print(f"hetero rehearse: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    problems = check_against_spec(scenario.faults, spec)
+    if problems:
+        print("hetero rehearse: " + "\n  ".join(["faults do not fit the spec:", *problems]),
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    if args.timeout <= 0:
+        print("hetero rehearse: --timeout must be more than 0 seconds", file=sys.stderr)
+        return EXIT_USAGE
+    notice = args.notice_seconds
+    if notice is None:
+        notice = (
+            scenario.notice_seconds if scenario.notice_seconds is not None else DEFAULT_NOTICE_S
+        )
+    if notice < 0:
+        print("hetero rehearse: --notice-seconds must be 0 or more", file=sys.stderr)
+        return EXIT_USAGE
+    # Orphans of the emulated instances' trees (a killed launcher's children) come to this
+    # process, which reaps them, instead of escaping to init.
+    become_subreaper()
+    options = RehearsalOptions(
+        spec_path=Path(args.spec),
+        out_dir=Path(args.out),
+        scenario=scenario,
+        notice_s=notice,
+        timeout_s=args.timeout,
+    )
+    _, code = rehearse(
+        options,
+        baseline_dir=Path(args.baseline) if args.baseline else None,
+        run_baseline=not args.no_baseline,
+        render=report.render,
+    )
+    return code

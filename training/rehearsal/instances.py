@@ -1,0 +1,489 @@
+"""The group simulator: every running moto instance backed by exactly one process tree.
+
+For each instance moto reports ``running`` the simulator creates ``<out>/instances/<id>/`` (the
+instance's working folder, with its ``launcher.log``), starts an IMDSv2 emulator for it and
+starts the real container entry point, ``python -m training.cli launch``, in a session of its
+own. Instances are EC2's, not the simulator's: when a launcher exits by itself the instance keeps
+running (its exit code is an event); when moto shows an instance terminated (a fault, or the
+launcher scaling the groups to zero) its whole process tree is SIGKILLed, as termination would.
+
+Every process an instance starts carries ``HETERO_REHEARSAL_RUN`` and
+``HETERO_REHEARSAL_INSTANCE`` in its environment, so a tree is found whole even after a parent
+died and its children were re-parented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from training.aws_tags import (
+    ENV_ASG_NAMES,
+    ENV_CHECKPOINT_URI,
+    ENV_CLUSTER,
+    ENV_GROUP,
+    ENV_REGION,
+    TAG_CLUSTER,
+    TAG_GROUP,
+    TAG_ROLE,
+)
+from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, EmulatedInstance
+from training.rehearsal.events import EventLog
+from training.rehearsal.imds import ImdsEmulator
+from training.rehearsal.samples import SAMPLE_LOG_ENV
+
+log = logging.getLogger(__name__)
+
+RUN_ENV = "HETERO_REHEARSAL_RUN"
+INSTANCE_ENV = "HETERO_REHEARSAL_INSTANCE"
+LIFECYCLE_HOOK_ENV = "HETERO_LIFECYCLE_HOOK"
+COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_TIMEOUT_S = 20
+SPOT_POLL_S = 0.5
+LAUNCHER_LOG = "launcher.log"
+# Variables of the rehearsal's own environment an instance must not inherit: an instance learns
+# its group from its tags, and real credentials must never reach moto's clients.
+_DROPPED_ENV = (
+    ENV_GROUP,
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_REGION",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ENDPOINT_URL_EC2",
+    "AWS_ENDPOINT_URL_AUTO_SCALING",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_EC2_METADATA_DISABLED",
+)
+
+
+def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> list[str]:
+    """The instance's entry point, as the image runs it (one place to add flags)."""
+    return [
+        sys.executable,
+        "-m",
+        "training.cli",
+        "launch",
+        "--spec",
+        str(spec_path),
+        "--spot-poll",
+        str(SPOT_POLL_S),
+        "--imds-url",
+        imds_url,
+        *extra,
+    ]
+
+
+@dataclass(frozen=True)
+class InstanceContext:
+    """What every emulated instance is told, besides its own IMDS endpoint."""
+
+    names: ClusterNames
+    moto_url: str
+    """EC2 and Auto Scaling (and anything else) go straight to moto."""
+    s3_url: str
+    """S3 goes through the switchable proxy (the S3 outage)."""
+    sample_dir: Path
+    run_id: str
+
+
+def launcher_env(
+    base: Mapping[str, str], ctx: InstanceContext, *, imds_url: str, instance_id: str
+) -> dict[str, str]:
+    """The environment the stack's user data would give the container, pointed at the
+    emulators (``HETERO_GROUP`` is not set: the launcher finds its group through IMDS tags)."""
+    env = {k: v for k, v in base.items() if k not in _DROPPED_ENV}
+    env.update(FAKE_CREDENTIALS)
+    env.update(
+        {
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds_url,
+            "AWS_ENDPOINT_URL": ctx.moto_url,
+            "AWS_ENDPOINT_URL_S3": ctx.s3_url,
+            ENV_REGION: ctx.names.region,
+            ENV_CLUSTER: ctx.names.cluster,
+            ENV_CHECKPOINT_URI: ctx.names.checkpoint_uri,
+            ENV_ASG_NAMES: ",".join(ctx.names.asg_names.values()),
+            LIFECYCLE_HOOK_ENV: ctx.names.lifecycle_hook,
+            SAMPLE_LOG_ENV: str(ctx.sample_dir),
+            COLLECTIVE_TIMEOUT_ENV: str(COLLECTIVE_TIMEOUT_S),
+            RUN_ENV: ctx.run_id,
+            INSTANCE_ENV: instance_id,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def is_trainer_worker(proc: psutil.Process) -> bool:
+    """A trainer rank: ``python -m training.trainer`` started by torchrun (not torchrun itself,
+    not a process forked by the rank)."""
+    cmd = _cmdline(proc)
+    if "training.trainer" not in cmd or "torch.distributed.run" in cmd:
+        return False
+    try:
+        parent = proc.parent()
+    except psutil.Error:
+        return False
+    return parent is not None and "torch.distributed.run" in _cmdline(parent)
+
+
+def is_data_server(proc: psutil.Process) -> bool:
+    """``hetero serve`` (``python -m training.cli serve``)."""
+    cmd = _cmdline(proc).split()
+    return "training.cli" in cmd and "serve" in cmd
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def marked_processes(run_id: str, instance_id: str | None = None) -> list[psutil.Process]:
+    """Live processes whose environment carries this rehearsal's marker (and instance)."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get(RUN_ENV) != run_id:
+            continue
+        if instance_id is not None and env.get(INSTANCE_ENV) != instance_id:
+            continue
+        if alive(proc):
+            found.append(proc)
+    return found
+
+
+def describe_process(proc: psutil.Process) -> dict[str, Any]:
+    try:
+        env_instance = proc.environ().get(INSTANCE_ENV)
+    except psutil.Error:
+        env_instance = None
+    cmd = _cmdline(proc)
+    return {
+        "pid": proc.pid,
+        "instance": env_instance,
+        "cmdline": cmd[:300] + ("..." if len(cmd) > 300 else ""),
+    }
+
+
+def kill_processes(procs: Sequence[psutil.Process], timeout_s: float = 5.0) -> None:
+    """SIGKILL each and wait (bounded) until they are gone; children of this process are reaped."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(list(procs), timeout=timeout_s)
+
+
+@dataclass
+class InstanceRun:
+    """One emulated instance and the process tree that is its workload."""
+
+    instance_id: str
+    group: str
+    role: str
+    private_ip: str
+    index: int
+    """Position in its group's launch order (0 .. count-1: the original instances)."""
+    folder: Path
+    imds: ImdsEmulator
+    popen: subprocess.Popen[bytes]
+    log_file: IO[bytes]
+    launched_t: float
+    exit_code: int | None = None
+    """The launcher's exit code once it exited by itself."""
+    terminated: bool = False
+    terminated_t: float | None = None
+    procs: dict[int, psutil.Process] = field(default_factory=dict)
+    """Every descendant seen while the instance ran."""
+    worker_starts: dict[int, float] = field(default_factory=dict)
+    """Trainer worker pid -> its start (wall time)."""
+
+    @property
+    def launcher_running(self) -> bool:
+        return self.popen.poll() is None
+
+    def live_processes(self) -> list[psutil.Process]:
+        """The launcher and every descendant now (tracked ones included, even re-parented)."""
+        procs = dict(self.procs)
+        try:
+            root = psutil.Process(self.popen.pid)
+            procs[root.pid] = root
+            for p in root.children(recursive=True):
+                procs.setdefault(p.pid, p)
+        except psutil.Error:
+            pass
+        return [p for p in procs.values() if alive(p)]
+
+
+class GroupSimulator(threading.Thread):
+    """Keeps the process trees in step with moto's instances (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        aws: AwsEmulator,
+        ctx: InstanceContext,
+        spec_path: Path,
+        out_dir: Path,
+        events: EventLog,
+        poll_s: float = 0.5,
+        launcher_args: Sequence[str] = (),
+        base_env: Mapping[str, str] | None = None,
+        command: Callable[[Path, str, Sequence[str]], list[str]] = launcher_argv,
+    ) -> None:
+        """``command(spec_path, imds_url, launcher_args)`` is each instance's argv (tests swap
+        in a stand-in for the launcher)."""
+        super().__init__(name="group-simulator", daemon=True)
+        self.aws = aws
+        self.ctx = ctx
+        self.spec_path = spec_path.resolve()
+        self.out_dir = out_dir
+        self.events = events
+        self.poll_s = poll_s
+        self.launcher_args = tuple(launcher_args)
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.command = command
+        self._lock = threading.RLock()
+        self._runs: dict[str, InstanceRun] = {}
+        self._order: dict[str, list[str]] = {}
+        self._stopped = threading.Event()
+        self.errors = 0
+        self.on_worker_started: Callable[[InstanceRun, int], None] | None = None
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.reconcile()
+            except Exception as e:  # moto hiccup: say so, keep the processes in step next time
+                self.errors += 1
+                if self.errors <= 5:
+                    self.events.add("simulator-error", f"{type(e).__name__}: {e}")
+            self._stopped.wait(self.poll_s)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.is_alive():
+            self.join(timeout=30)
+
+    def reconcile(self) -> None:
+        """One pass: start trees for new running instances, kill those of terminated ones,
+        notice launchers that exited and trainer workers that started."""
+        instances = self.aws.instances(self.ctx.names.cluster)
+        seen = {i.instance_id for i in instances}
+        with self._lock:
+            for inst in instances:
+                run = self._runs.get(inst.instance_id)
+                if run is None and inst.state == "running":
+                    self._launch(inst)
+                elif run is not None and not run.terminated and inst.state != "running":
+                    self._terminate(run, f"moto shows it {inst.state}")
+            for run in list(self._runs.values()):
+                if not run.terminated and run.instance_id not in seen:
+                    self._terminate(run, "moto no longer lists it")
+                if not run.terminated:
+                    self._track(run)
+
+    # -- instances ---------------------------------------------------------------------------
+
+    def _launch(self, inst: EmulatedInstance) -> None:
+        order = self._order.setdefault(inst.group, [])
+        index = len(order)
+        order.append(inst.instance_id)
+        folder = self.out_dir / "instances" / inst.instance_id
+        folder.mkdir(parents=True, exist_ok=True)
+        imds = ImdsEmulator(
+            instance_id=inst.instance_id,
+            local_ipv4=inst.private_ip,
+            region=self.ctx.names.region,
+            tags={
+                TAG_CLUSTER: self.ctx.names.cluster,
+                TAG_GROUP: inst.group,
+                TAG_ROLE: inst.role,
+            },
+        ).start()
+        log_file = open(folder / LAUNCHER_LOG, "ab")  # noqa: SIM115 - closed at termination
+        argv = self.command(self.spec_path, imds.url, self.launcher_args)
+        env = launcher_env(self.base_env, self.ctx, imds_url=imds.url, instance_id=inst.instance_id)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError:
+            imds.stop()
+            log_file.close()
+            raise
+        run = InstanceRun(
+            instance_id=inst.instance_id,
+            group=inst.group,
+            role=inst.role,
+            private_ip=inst.private_ip,
+            index=index,
+            folder=folder,
+            imds=imds,
+            popen=popen,
+            log_file=log_file,
+            launched_t=self.events.elapsed(),
+        )
+        self._runs[inst.instance_id] = run
+        self.events.add(
+            "instance-launched",
+            f"{inst.group}:{index} at {inst.private_ip} (launcher pid {popen.pid}, "
+            f"IMDS {imds.url})",
+            instance=inst.instance_id,
+            group=inst.group,
+            index=index,
+            private_ip=inst.private_ip,
+        )
+
+    def _track(self, run: InstanceRun) -> None:
+        for proc in run.live_processes():
+            if proc.pid not in run.procs and proc.pid != run.popen.pid:
+                run.procs[proc.pid] = proc
+                if is_trainer_worker(proc):
+                    try:
+                        started = proc.create_time()
+                    except psutil.Error:
+                        continue
+                    run.worker_starts[proc.pid] = started
+                    self.events.add(
+                        "trainer-started",
+                        f"trainer worker pid {proc.pid}",
+                        instance=run.instance_id,
+                        pid=proc.pid,
+                        started_wall=started,
+                    )
+                    if self.on_worker_started is not None:
+                        self.on_worker_started(run, proc.pid)
+        code = run.popen.poll()
+        if code is not None and run.exit_code is None:
+            run.exit_code = code
+            self.events.add(
+                "launcher-exited",
+                f"{run.group}:{run.index} launcher exited with code {code} "
+                "(the instance keeps running)",
+                instance=run.instance_id,
+                code=code,
+            )
+
+    def _terminate(self, run: InstanceRun, why: str) -> None:
+        """The instance is gone: its whole tree is SIGKILLed, its IMDS stops."""
+        self._track(run)  # an exit code that came just before the termination
+        was_running = run.launcher_running
+        self.kill_tree(run)
+        run.terminated = True
+        run.terminated_t = self.events.elapsed()
+        run.imds.stop()
+        with contextlib.suppress(OSError):
+            run.log_file.close()
+        self.events.add(
+            "instance-terminated",
+            f"{run.group}:{run.index} terminated ({why})"
+            + ("; its launcher was still running and is killed" if was_running else ""),
+            instance=run.instance_id,
+            launcher_was_running=was_running,
+        )
+
+    # -- what the fault injector and the end use --------------------------------------------
+
+    def kill_tree(self, run: InstanceRun) -> list[int]:
+        """SIGKILL the launcher and every descendant (found by tree and by marker)."""
+        with self._lock:
+            procs = {p.pid: p for p in run.live_processes()}
+            for p in marked_processes(self.ctx.run_id, run.instance_id):
+                procs.setdefault(p.pid, p)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.popen.pid, signal.SIGKILL)
+            kill_processes(list(procs.values()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.popen.wait(timeout=5)
+            return sorted(procs)
+
+    def kill_matching(
+        self, run: InstanceRun, predicate: Callable[[psutil.Process], bool]
+    ) -> list[int]:
+        """SIGKILL the processes of ``run`` for which ``predicate`` holds, with their trees."""
+        with self._lock:
+            targets: dict[int, psutil.Process] = {}
+            for proc in run.live_processes():
+                if predicate(proc):
+                    targets[proc.pid] = proc
+                    with contextlib.suppress(psutil.Error):
+                        for child in proc.children(recursive=True):
+                            targets.setdefault(child.pid, child)
+            kill_processes(list(targets.values()))
+            return sorted(targets)
+
+    def instance(self, group: str, index: int) -> InstanceRun | None:
+        """The ``index``-th instance the group launched (None: not launched yet)."""
+        with self._lock:
+            order = self._order.get(group, [])
+            return self._runs[order[index]] if index < len(order) else None
+
+    def runs(self) -> list[InstanceRun]:
+        with self._lock:
+            return list(self._runs.values())
+
+    def live_runs(self) -> list[InstanceRun]:
+        return [r for r in self.runs() if not r.terminated]
+
+    def processes_left(self) -> list[dict[str, Any]]:
+        """Every process this rehearsal started, or a descendant of one, still alive now."""
+        procs: dict[int, psutil.Process] = {}
+        for run in self.runs():
+            for p in run.live_processes():
+                procs[p.pid] = p
+        for p in marked_processes(self.ctx.run_id):
+            procs.setdefault(p.pid, p)
+        return [describe_process(p) for p in sorted(procs.values(), key=lambda p: p.pid)]
+
+    def shutdown(self) -> None:
+        """Stop the loop, then kill every tree still running and stop every IMDS (the end)."""
+        self.stop()
+        with self._lock:
+            for run in self._runs.values():
+                self.kill_tree(run)
+                if not run.terminated:
+                    run.imds.stop()
+                    with contextlib.suppress(OSError):
+                        run.log_file.close()
+            leftovers = marked_processes(self.ctx.run_id)
+            kill_processes(leftovers)
+        # Give re-parented zombies a moment to be reaped by whoever adopted them.
+        deadline = time.monotonic() + 2.0
+        while marked_processes(self.ctx.run_id) and time.monotonic() < deadline:
+            time.sleep(0.1)

@@ -1,0 +1,423 @@
+"""One rehearsal run, start to end: emulators up, instances launched by their groups, faults
+fired, the job watched until it ends (or the time runs out), then everything audited.
+
+``run_once`` returns the run's facts (the report without the verdict); ``rehearse`` adds the
+baseline (an uninterrupted run of the same spec and seed, run first or reused), the invariants
+and the exit code, and writes ``rehearsal.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import resource
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from training.rehearsal import audit, params, report
+from training.rehearsal.aws import AwsEmulator, ClusterNames, region_for
+from training.rehearsal.events import EventLog
+from training.rehearsal.faults import FaultKind, Scenario
+from training.rehearsal.injector import FaultInjector, FaultRecord
+from training.rehearsal.instances import GroupSimulator, InstanceContext, InstanceRun
+from training.rehearsal.s3proxy import SwitchableProxy
+from training.rehearsal.samples import StepWatcher, read_sample_logs
+from training.spec import ClusterSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "rehearsal.json"
+SAMPLES_DIR = "samples"
+INSTANCES_DIR = "instances"
+FINAL_CHECKPOINT_DIR = "final-checkpoint"
+BASELINE_DIR = "baseline"
+DEFAULT_NOTICE_S = 15.0
+DEFAULT_TIMEOUT_S = 600.0
+SETTLE_S = 15.0
+"""With every launcher exited and instances still running, how long nothing may change before
+the rehearsal ends (nothing else will happen: the groups were not scaled to zero)."""
+_LOOP_S = 0.5
+_STEP_RE = re.compile(r"step-(\d+)/COMPLETE$")
+_INSTANCE_LOSS = (
+    FaultKind.INTERRUPT,
+    FaultKind.REBALANCE,
+    FaultKind.KILL,
+    FaultKind.KILL_DATA_SERVER,
+)
+
+
+@dataclass(frozen=True)
+class RehearsalOptions:
+    spec_path: Path
+    out_dir: Path
+    scenario: Scenario = field(default_factory=Scenario)
+    notice_s: float = DEFAULT_NOTICE_S
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    settle_s: float = SETTLE_S
+    launcher_args: tuple[str, ...] = ()
+    echo: Callable[[str], None] | None = None
+
+
+def spec_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _prepare(out: Path) -> None:
+    """An output folder for a fresh run: the previous run's files there are removed (the
+    sample logs are appended to, so stale ones would corrupt the audit)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (SAMPLES_DIR, INSTANCES_DIR, FINAL_CHECKPOINT_DIR):
+        shutil.rmtree(out / name, ignore_errors=True)
+    (out / REPORT_FILE).unlink(missing_ok=True)
+    (out / SAMPLES_DIR).mkdir()
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def read_outcome(aws: AwsEmulator, names: ClusterNames) -> dict[str, Any] | None:
+    """The launcher's job record, or None while there is none."""
+    body = aws.read_object(names.bucket, names.job_record_key)
+    if body is None:
+        return None
+    try:
+        record = json.loads(body)
+    except json.JSONDecodeError:
+        return {"outcome": "unreadable", "raw": body[:200].decode(errors="replace")}
+    return record if isinstance(record, dict) else {"outcome": "unreadable", "raw": str(record)}
+
+
+def complete_steps(aws: AwsEmulator, names: ClusterNames) -> list[int]:
+    """Checkpoint steps whose COMPLETE marker is in S3."""
+    keys = aws.list_keys(names.bucket, names.checkpoint_prefix)
+    return sorted(int(m[1]) for k in keys if (m := _STEP_RE.search(k)))
+
+
+def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
+    """Run the scenario once into ``options.out_dir``; the facts for the report."""
+    out = options.out_dir.resolve()
+    _prepare(out)
+    events = EventLog(options.echo)
+    cpu_before = _own_cpu_seconds()
+    sample_dir = out / SAMPLES_DIR
+    run_id = uuid.uuid4().hex
+    facts: dict[str, Any] = {
+        "scenario": {**options.scenario.to_json(), "notice_seconds": options.notice_s},
+        "spec": {
+            "path": str(options.spec_path.resolve()),
+            "name": spec.name,
+            "sha256": spec_digest(options.spec_path),
+            "seed": spec.job.seed,
+            "steps": spec.job.total_steps,
+        },
+        "out_dir": str(out),
+        "started_wall": events.started_wall,
+    }
+    aws = AwsEmulator(region_for(spec)).start()
+    proxy: SwitchableProxy | None = None
+    simulator: GroupSimulator | None = None
+    injector: FaultInjector | None = None
+    try:
+        names = aws.provision(spec)
+        proxy = SwitchableProxy(("127.0.0.1", aws.port)).start()
+        events.add(
+            "emulators",
+            f"moto {aws.endpoint_url} (S3 via {proxy.url}); groups "
+            + ", ".join(f"{n} x{spec.group(g).count}" for g, n in names.asg_names.items())
+            + f"; checkpoints {names.checkpoint_uri}",
+        )
+        steps = StepWatcher(sample_dir)
+        ctx = InstanceContext(
+            names=names,
+            moto_url=aws.endpoint_url,
+            s3_url=proxy.url,
+            sample_dir=sample_dir,
+            run_id=run_id,
+        )
+        simulator = GroupSimulator(
+            aws=aws,
+            ctx=ctx,
+            spec_path=options.spec_path,
+            out_dir=out,
+            events=events,
+            launcher_args=options.launcher_args,
+        )
+        injector = FaultInjector(
+            options.scenario.faults,
+            simulator=simulator,
+            aws=aws,
+            names=names,
+            proxy=proxy,
+            steps=steps,
+            events=events,
+            notice_s=options.notice_s,
+        )
+        simulator.start()
+        injector.start()
+        end_reason, timed_out = _watch(
+            options, spec, aws, names, simulator, injector, steps, events
+        )
+        injector.stop()
+        facts["end_reason"], facts["timed_out"] = end_reason, timed_out
+        facts["groups_desired_at_end"] = aws.desired_capacities(names)
+        facts["instances_running_at_end"] = [
+            i.instance_id for i in aws.instances(names.cluster) if i.state == "running"
+        ]
+        # What is still alive before the rehearsal cleans up: the report says what it found.
+        facts["processes_left"] = simulator.processes_left()
+        simulator.shutdown()
+        record = read_outcome(aws, names)
+        facts["outcome"] = record.get("outcome", "unknown") if record else "unknown"
+        facts["job_record"] = record
+        records = read_sample_logs(sample_dir)
+        final = audit.final_step(records)
+        facts["final_step"] = final
+        facts["final_checkpoint"] = _save_final_checkpoint(aws, names, out, final, events)
+    finally:
+        if injector is not None and injector.is_alive():
+            injector.stop()
+        if simulator is not None:
+            simulator.shutdown()
+        if proxy is not None:
+            proxy.stop()
+        aws.stop()
+    facts["wall_seconds"] = round(events.elapsed(), 1)
+    # The emulators' own cost (moto, IMDS, the proxy, the polling), apart from the instances'.
+    facts["rehearsal_cpu_seconds"] = round(_own_cpu_seconds() - cpu_before, 1)
+    facts.update(_audit(spec, records, injector, simulator))
+    facts["events"] = [e.to_json() for e in events.events()]
+    return facts
+
+
+def _watch(
+    options: RehearsalOptions,
+    spec: ClusterSpec,
+    aws: AwsEmulator,
+    names: ClusterNames,
+    simulator: GroupSimulator,
+    injector: FaultInjector,
+    steps: StepWatcher,
+    events: EventLog,
+) -> tuple[str, bool]:
+    """Wait for the end; (why it ended, whether the time ran out)."""
+    deadline = time.monotonic() + options.timeout_s
+    total = spec.job.total_steps or 0
+    progress_every = max(1, total // 10) if total else 10
+    reported_step = 0
+    outcome: str | None = None
+    quiet_since: float | None = None
+    while True:
+        time.sleep(_LOOP_S)
+        step = steps.current_step()
+        if step >= reported_step + progress_every:
+            reported_step = step - step % progress_every
+            events.add("progress", f"step {step}" + (f" of {total}" if total else ""))
+        record = read_outcome(aws, names)
+        if record is not None and record.get("outcome") != outcome:
+            outcome = str(record.get("outcome"))
+            events.add(
+                "outcome",
+                f"job record: {outcome} ({record.get('reason', '')}) by {record.get('by', '?')}",
+            )
+        live = simulator.live_runs()
+        launched = bool(simulator.runs())
+        if launched and not live and not injector.busy():
+            desired = aws.desired_capacities(names)
+            if all(v == 0 for v in desired.values()):
+                return "every group at 0 and every instance terminated", False
+        if live and not any(r.launcher_running for r in live) and not injector.busy():
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= options.settle_s:
+                return (
+                    f"every launcher exited and nothing changed for {options.settle_s:g}s, "
+                    f"but {len(live)} instance(s) still run",
+                    False,
+                )
+        else:
+            quiet_since = None
+        if time.monotonic() >= deadline:
+            events.add("timeout", f"the rehearsal ran out of time ({options.timeout_s:g}s)")
+            return f"timed out after {options.timeout_s:g}s", True
+
+
+def _save_final_checkpoint(
+    aws: AwsEmulator, names: ClusterNames, out: Path, final_step: int, events: EventLog
+) -> dict[str, Any] | None:
+    """Download the newest complete checkpoint from the emulated S3 into
+    ``<out>/final-checkpoint/step-N/`` (moto goes away with the rehearsal)."""
+    steps = complete_steps(aws, names)
+    if not steps:
+        events.add("checkpoint", "no complete checkpoint in S3")
+        return None
+    step = steps[-1]
+    dest = out / FINAL_CHECKPOINT_DIR / f"step-{step}"
+    files = aws.download_prefix(names.bucket, f"{names.checkpoint_prefix}step-{step}/", dest)
+    events.add("checkpoint", f"downloaded step-{step} ({files} files) to {dest}")
+    return {
+        "step": step,
+        "path": str(dest),
+        "complete_steps_in_s3": steps,
+        "matches_final_step": step == final_step,
+    }
+
+
+def _audit(
+    spec: ClusterSpec,
+    records: list[Any],
+    injector: FaultInjector | None,
+    simulator: GroupSimulator | None,
+) -> dict[str, Any]:
+    job = spec.job
+    epochs = audit.audit_samples(
+        records,
+        num_samples=job.dataset.num_samples,
+        batch_size=job.batch_size,
+        seed=job.seed,
+        layout=audit.layout_for(spec),
+        grad_accum_steps=job.grad_accum_steps,
+    )
+    runs: list[InstanceRun] = simulator.runs() if simulator is not None else []
+    worker_starts = [s for r in runs for s in r.worker_starts.values()]
+    fault_records: list[FaultRecord] = injector.records if injector is not None else []
+    trainer_group = spec.trainer_group.name
+    interruptions = []
+    for rec in fault_records:
+        if rec.fault.kind not in _INSTANCE_LOSS:
+            continue
+        recovery = None
+        if rec.fired_wall is not None and rec.fault.group == trainer_group:
+            recovery = audit.recovery_seconds(rec.fired_wall, worker_starts, records)
+        interruptions.append(
+            {
+                "fault": rec.fault.describe(),
+                "instance": rec.instance,
+                "state": rec.state,
+                "notice_t": rec.fired_t,
+                "terminated_t": rec.terminated_t,
+                "step_at_notice": rec.step_at_fire,
+                "recovery_seconds": None if recovery is None else round(recovery, 2),
+            }
+        )
+    counts = {g.name: g.count for g in spec.groups}
+    return {
+        "faults": [r.to_json() for r in fault_records],
+        "interruptions": interruptions,
+        "recovery_seconds": [i["recovery_seconds"] for i in interruptions],
+        "replacements": [
+            {
+                "instance": r.instance_id,
+                "group": r.group,
+                "index": r.index,
+                "private_ip": r.private_ip,
+                "launched_t": round(r.launched_t, 2),
+            }
+            for r in runs
+            if r.index >= counts.get(r.group, 0)
+        ],
+        "instances": [
+            {
+                "instance": r.instance_id,
+                "group": r.group,
+                "role": r.role,
+                "index": r.index,
+                "private_ip": r.private_ip,
+                "launched_t": round(r.launched_t, 2),
+                "terminated_t": None if r.terminated_t is None else round(r.terminated_t, 2),
+                "launcher_exit_code": r.exit_code,
+                "trainer_workers_started": len(r.worker_starts),
+                "log": str(r.folder / "launcher.log"),
+            }
+            for r in runs
+        ],
+        "sample_records": len(records),
+        "steps_lost": audit.steps_redone(records),
+        "steps_missing": audit.steps_missing(records),
+        "samples": [e.to_json() for e in epochs],
+        "samples_lost": {str(e.epoch): e.lost for e in epochs},
+        "samples_repeated": {str(e.epoch): e.repeated for e in epochs},
+    }
+
+
+def _baseline_checkpoint(baseline_dir: Path, spec_path: Path) -> tuple[Path | None, str | None]:
+    """The final checkpoint of an earlier rehearsal in ``baseline_dir``, or why there is none."""
+    path = baseline_dir / REPORT_FILE
+    try:
+        facts = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return None, f"no readable {path}: {e}"
+    if facts.get("spec", {}).get("sha256") != spec_digest(spec_path):
+        return None, f"{path} rehearsed another spec (or another version of it)"
+    if facts.get("scenario", {}).get("faults"):
+        return None, f"{path} is not an uninterrupted run (it has faults)"
+    checkpoint = (facts.get("final_checkpoint") or {}).get("path")
+    if not checkpoint or not Path(checkpoint).is_dir():
+        return None, f"{path} names no final checkpoint on disk"
+    return Path(checkpoint), None
+
+
+def rehearse(
+    options: RehearsalOptions,
+    *,
+    baseline_dir: Path | None = None,
+    run_baseline: bool = True,
+    render: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[dict[str, Any], int]:
+    """The whole rehearsal: the baseline (unless reused or not wanted, and never for a
+    scenario without faults), the run, the verdict; writes ``rehearsal.json``; (report, exit
+    code: 0 when every invariant holds, else 1)."""
+    spec = load_spec(options.spec_path)
+    started = time.monotonic()
+    out = options.out_dir.resolve()
+    baseline_path: Path | None = None
+    baseline_problem: str | None = None
+    faults = options.scenario.faults
+    if baseline_dir is not None:
+        baseline_path, baseline_problem = _baseline_checkpoint(baseline_dir, options.spec_path)
+    elif run_baseline and faults:
+        echo = options.echo or (lambda line: print(line, flush=True))
+        echo(f"baseline: an uninterrupted rehearsal of {options.spec_path} into {out / 'baseline'}")
+        base_opts = replace(
+            options,
+            out_dir=out / BASELINE_DIR,
+            scenario=Scenario(name="baseline"),
+            timeout_s=options.timeout_s / 2,
+            echo=lambda line: echo("baseline " + line),
+        )
+        shutil.rmtree(base_opts.out_dir, ignore_errors=True)
+        base_facts = run_once(base_opts, spec)
+        (base_opts.out_dir / REPORT_FILE).write_text(json.dumps(base_facts, indent=2))
+        baseline_path, baseline_problem = _baseline_checkpoint(base_opts.out_dir, options.spec_path)
+        if base_facts.get("outcome") != "finished":
+            baseline_problem = f"the baseline ended {base_facts.get('outcome')}"
+    remaining = options.timeout_s - (time.monotonic() - started)
+    facts = run_once(replace(options, timeout_s=max(remaining, 1.0)), spec)
+    comparison: params.ParamComparison | None = None
+    final = facts.get("final_checkpoint")
+    if baseline_path is not None and final:
+        comparison = params.compare(Path(final["path"]), baseline_path)
+    facts["baseline"] = {
+        "checkpoint": str(baseline_path) if baseline_path else None,
+        "problem": baseline_problem,
+        "ran": baseline_dir is None and run_baseline and bool(faults),
+    }
+    facts["params_equal_uninterrupted"] = comparison.equal if comparison else None
+    facts["params_comparison"] = comparison.to_json() if comparison else None
+    invariants = report.invariants(facts, spec, options.scenario, baseline=baseline_path)
+    facts["invariants"] = invariants
+    facts["failed_invariants"] = [k for k, v in invariants.items() if not v["ok"]]
+    facts["ok"] = not facts["failed_invariants"]
+    (out / REPORT_FILE).write_text(json.dumps(facts, indent=2, default=str))
+    if render is not None:
+        with contextlib.suppress(Exception):
+            render(facts)
+    return facts, 0 if facts["ok"] else 1

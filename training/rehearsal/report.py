@@ -1,0 +1,117 @@
+"""The rehearsal's verdict (the invariants) and its summary table.
+
+Invariants, each ``{"ok": bool, "detail": str}`` in ``rehearsal.json``:
+
+- ``outcome``: the job record says what the scenario expects (``finished`` by default);
+- ``not_timed_out``: the job ended before ``--timeout``;
+- ``faults_applied``: every fault fired (none pending, none skipped);
+- ``groups_at_zero``: every Auto Scaling group's desired capacity is 0 and no instance runs;
+- ``no_processes_left``: no process the rehearsal started (or a descendant) was alive at the end;
+- when the scenario expects the job to finish: ``final_step`` (the sample logs reach the spec's
+  step count), ``samples_exactly_once`` (no sample lost or repeated in any epoch, no step
+  missing) and, when there is a baseline, ``params_equal`` (bitwise-equal final parameters).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from training.rehearsal.faults import Scenario
+from training.spec import ClusterSpec
+
+
+def _check(ok: bool, detail: str) -> dict[str, Any]:
+    return {"ok": bool(ok), "detail": detail}
+
+
+def invariants(
+    facts: dict[str, Any], spec: ClusterSpec, scenario: Scenario, *, baseline: Path | None
+) -> dict[str, dict[str, Any]]:
+    expected = scenario.expect.outcome
+    out: dict[str, dict[str, Any]] = {}
+    outcome = facts.get("outcome")
+    out["outcome"] = _check(outcome == expected, f"job record {outcome!r}, expected {expected!r}")
+    out["not_timed_out"] = _check(not facts.get("timed_out"), str(facts.get("end_reason")))
+    not_applied = [
+        f["fault"] for f in facts.get("faults", []) if f["state"] in ("pending", "skipped")
+    ]
+    out["faults_applied"] = _check(
+        not not_applied, "all fired" if not not_applied else f"not applied: {not_applied}"
+    )
+    desired = facts.get("groups_desired_at_end", {})
+    running = facts.get("instances_running_at_end", [])
+    out["groups_at_zero"] = _check(
+        all(v == 0 for v in desired.values()) and not running,
+        f"desired {desired}; {len(running)} instance(s) running",
+    )
+    left = facts.get("processes_left", [])
+    out["no_processes_left"] = _check(
+        not left,
+        "none" if not left else "; ".join(f"{p['pid']} {p['cmdline'][:80]}" for p in left[:5]),
+    )
+    if expected == "finished":
+        total = spec.job.total_steps
+        final = facts.get("final_step", 0)
+        if total is not None:
+            out["final_step"] = _check(
+                final == total, f"sample logs end at step {final} of {total}"
+            )
+        epochs = facts.get("samples", [])
+        bad = [
+            f"epoch {e['epoch']}: {e['lost']} lost, {e['repeated']} repeated, "
+            f"{e['unplanned']} unplanned"
+            for e in epochs
+            if e["lost"] or e["repeated"] or e["unplanned"]
+        ]
+        missing = facts.get("steps_missing", [])
+        if not epochs:
+            detail = f"no sample records in {facts.get('out_dir')}/samples"
+        elif bad or missing:
+            detail = "; ".join(bad + ([f"steps missing: {missing[:10]}"] if missing else []))
+        else:
+            detail = f"{len(epochs)} epoch(s), every planned sample exactly once"
+        out["samples_exactly_once"] = _check(bool(epochs) and not bad and not missing, detail)
+    if baseline is not None and scenario.expect.expects_params_equal:
+        cmp = facts.get("params_comparison") or {}
+        out["params_equal"] = _check(
+            bool(facts.get("params_equal_uninterrupted")),
+            f"{cmp.get('tensors', 0)} tensors vs {baseline}"
+            + (f"; differ: {cmp['differing'][:5]}" if cmp.get("differing") else "")
+            + (f"; {cmp['error']}" if cmp.get("error") else ""),
+        )
+    return out
+
+
+def render(facts: dict[str, Any]) -> None:
+    """The summary table on the console (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"rehearsal {facts['scenario']['name']} ({facts['spec']['name']})")
+    table.add_column("", style="bold")
+    table.add_column("value")
+    rows: list[tuple[str, str]] = [
+        ("outcome", str(facts.get("outcome"))),
+        ("ended", str(facts.get("end_reason"))),
+        ("wall time", f"{facts.get('wall_seconds')} s"),
+        ("faults", ", ".join(f["fault"] for f in facts.get("faults", [])) or "none"),
+        ("final step", f"{facts.get('final_step')} of {facts['spec'].get('steps')}"),
+        ("steps redone (lost)", str(facts.get("steps_lost"))),
+        ("recovery seconds", str(facts.get("recovery_seconds") or "-")),
+        ("replacements", str(len(facts.get("replacements", [])))),
+        ("samples lost / epoch", str(facts.get("samples_lost"))),
+        ("samples repeated / epoch", str(facts.get("samples_repeated"))),
+        ("params equal baseline", str(facts.get("params_equal_uninterrupted"))),
+        ("groups desired at end", str(facts.get("groups_desired_at_end"))),
+        ("processes left", str(len(facts.get("processes_left", [])))),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    for name, check in facts.get("invariants", {}).items():
+        mark = "[green]ok[/green]" if check["ok"] else "[red]FAILED[/red]"
+        table.add_row(f"invariant {name}", f"{mark} {check['detail']}")
+    console.print(table)
+    verdict = "passed" if facts.get("ok") else "FAILED: " + ", ".join(facts["failed_invariants"])
+    console.print(f"rehearsal {verdict}; report: {Path(facts['out_dir']) / 'rehearsal.json'}")
