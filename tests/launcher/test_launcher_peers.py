@@ -13,7 +13,6 @@ from moto import mock_aws
 from training.dataplane.discovery import DiscoveryError, Ec2Servers
 from training.launcher.peers import (
     PeerDiscoveryError,
-    ec2_peers,
     list_cluster_instances,
     local_peers,
     sagemaker_peers,
@@ -72,63 +71,6 @@ def test_filters_by_cluster_and_state_and_sorts_by_address(
         "trainer": [t_low, t_high],
         "dataprep": [d_a, d_b],
     }
-
-    peers = ec2_peers(spec, ec2[0], own_group="trainer", own_instance_id=t_high, timeout_s=1)
-    assert peers.hosts == {
-        "trainer": ("10.0.0.9", "10.0.0.200"),
-        "dataprep": ("10.0.0.30", "10.0.0.31"),
-    }
-    assert peers.trainer_hosts(spec) == ("10.0.0.9", "10.0.0.200")
-    assert peers.self_index == 1
-    assert peers.data_servers == ("10.0.0.30:50051", "10.0.0.31:50051")
-
-
-def test_waits_for_late_instances_with_progress(
-    ec2: tuple[Any, str], spec: ClusterSpec, caplog: pytest.LogCaptureFixture
-) -> None:
-    me = launch(ec2, "10.0.0.10", "trainer")
-    launch(ec2, "10.0.0.20", "dataprep")
-    sleeps: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        # The missing instances come up while we wait.
-        sleeps.append(seconds)
-        if len(sleeps) == 2:
-            launch(ec2, "10.0.0.11", "trainer")
-            launch(ec2, "10.0.0.21", "dataprep")
-
-    caplog.set_level("INFO", logger="training.launcher.peers")
-    peers = ec2_peers(
-        spec, ec2[0], own_group="trainer", own_instance_id=me, timeout_s=30, poll_s=0.5, sleep=sleep
-    )
-    assert sleeps == [0.5, 0.5]
-    assert peers.self_index == 0
-    assert "waiting for peers: trainer 1/2, dataprep 1/2" in caplog.text
-
-
-def test_bounded_wait_names_what_is_missing(ec2: tuple[Any, str], spec: ClusterSpec) -> None:
-    me = launch(ec2, "10.0.0.10", "trainer")
-    launch(ec2, "10.0.0.20", "dataprep")
-    launch(ec2, "10.0.0.21", "dataprep")
-    with pytest.raises(PeerDiscoveryError) as e:
-        ec2_peers(spec, ec2[0], own_group="trainer", own_instance_id=me, timeout_s=0.3, poll_s=0.1)
-    assert "trainer 1/2, dataprep 2/2" in str(e.value)
-    assert "hetero:cluster=vit-test" in str(e.value)
-    assert "--peer-timeout" in str(e.value)
-
-
-def test_extra_instance_during_replacement_picks_the_lowest_addresses(
-    ec2: tuple[Any, str], spec: ClusterSpec
-) -> None:
-    launch(ec2, "10.0.0.10", "trainer")
-    launch(ec2, "10.0.0.11", "trainer")
-    late = launch(ec2, "10.0.0.12", "trainer")  # a rebalance replacement, old one still running
-    launch(ec2, "10.0.0.20", "dataprep")
-    launch(ec2, "10.0.0.21", "dataprep")
-    with pytest.raises(PeerDiscoveryError, match="is not among the first 2 of group 'trainer'"):
-        ec2_peers(
-            spec, ec2[0], own_group="trainer", own_instance_id=late, timeout_s=0.2, poll_s=0.1
-        )
 
 
 def test_sagemaker_hosts_from_resourceconfig(spec: ClusterSpec) -> None:

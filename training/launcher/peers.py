@@ -1,7 +1,8 @@
 """Who else is in the cluster: trainer hosts (in rendezvous order) and data server addresses.
 
 Every host computes the same ordering on its own (no coordination): SageMaker's host names
-sorted by their number, EC2 instances sorted by private IP, loopback locally.
+sorted by their number, EC2 instances sorted by private IP (``membership.py`` builds the
+trainer's elastic membership on EC2 from them), loopback locally.
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,52 +163,3 @@ def list_cluster_instances(ec2: Any, cluster: str) -> dict[str, list[dict[str, A
     for instances in grouped.values():
         instances.sort(key=_ip_key)
     return grouped
-
-
-def ec2_peers(
-    spec: ClusterSpec,
-    ec2: Any,
-    *,
-    own_group: str,
-    own_instance_id: str,
-    cluster: str | None = None,
-    timeout_s: float = 600.0,
-    poll_s: float = 5.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Peers:
-    """Wait (at most ``timeout_s``) until every group has the spec's count of running instances,
-    then return them in private-IP order. Raises ``PeerDiscoveryError`` listing what was found."""
-    cluster = cluster or spec.name
-    deadline = time.monotonic() + timeout_s
-    while True:
-        grouped = list_cluster_instances(ec2, cluster)
-        # More than the spec's count happens while a rebalanced Spot instance is replaced: the
-        # lowest addresses win, the same choice on every host.
-        chosen = {g.name: grouped.get(g.name, [])[: g.count] for g in spec.groups}
-        short = [g.name for g in spec.groups if len(chosen[g.name]) < g.count]
-        own_ids = [i["InstanceId"] for i in chosen.get(own_group, [])]
-        if not short and own_instance_id in own_ids:
-            break
-        status = ", ".join(
-            f"{g.name} {len(grouped.get(g.name, []))}/{g.count}" for g in spec.groups
-        )
-        if not short:
-            status += (
-                f"; this instance {own_instance_id} is not among the first {len(own_ids)} "
-                f"of group {own_group!r} (by private IP)"
-            )
-        if time.monotonic() >= deadline:
-            raise PeerDiscoveryError(
-                f"timed out after {timeout_s:g}s waiting for the cluster {cluster!r}'s running "
-                f"instances (tag {CLUSTER_TAG}={cluster}): {status}. Check the Auto Scaling "
-                "groups' activity (Spot capacity?) and the instances' tags, or raise "
-                "--peer-timeout"
-            )
-        log.info("waiting for peers: %s", status)
-        sleep(poll_s)
-    hosts = {name: tuple(i["PrivateIpAddress"] for i in insts) for name, insts in chosen.items()}
-    return Peers(
-        hosts=hosts,
-        data_servers=data_server_addresses(spec, hosts),
-        self_index=own_ids.index(own_instance_id),
-    )
