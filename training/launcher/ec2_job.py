@@ -276,12 +276,14 @@ class Ec2Job:
             self.generation += 1
             result = self._run_generation(membership)
             if self.signals.leaving:
-                if result.outcome is Outcome.FINISHED:
+                if result.outcome is Outcome.FINISHED and self.group.role is Role.TRAINER:
                     self._end(Outcome.FINISHED, "training finished")
                     return EXIT_FINISHED
                 return self._leave()
             if result.outcome is Outcome.FINISHED:
-                self._end(Outcome.FINISHED, "training finished")
+                if self.group.role is Role.TRAINER:
+                    self._end(Outcome.FINISHED, "training finished")
+                # A data server ends after the trainer's Shutdown RPC; the trainers end the job.
                 return EXIT_FINISHED
             if result.outcome is Outcome.STOPPED:
                 log.info("generation %d stopped (a peer is leaving): re-forming", self.generation)
