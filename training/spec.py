@@ -145,6 +145,11 @@ class CheckpointSpec:
     """Local folder, or ``s3://`` URI on AWS."""
     keep: int = 2
     """Complete checkpoints to keep (older ones are deleted)."""
+    async_save: bool = False
+    """Write periodic checkpoints in the background (``torch.distributed.checkpoint.async_save``):
+    training stalls only while the state is copied to host memory, and the step counts as saved
+    once every rank's write (and upload) has finished. Costs one extra copy of the model and
+    optimizer state in host memory while a save is in flight."""
 
 
 @dataclass(frozen=True)
@@ -467,6 +472,7 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
             interval_steps=r.positive(ck_t, "interval_steps", d.checkpoint.interval_steps),
             dir=r.get(ck_t, "dir", str, d.checkpoint.dir),
             keep=r.positive(ck_t, "keep", d.checkpoint.keep),
+            async_save=r.get(ck_t, "async_save", bool, d.checkpoint.async_save),
         )
 
     par_t = r.table(t, "parallelism")

@@ -45,6 +45,7 @@ def write_spec(
     name: str = "spec.toml",
     instances: int = 1,
     ranks_per_instance: int = 1,
+    async_save: bool = False,
 ) -> Path:
     """A spec for the tiny CPU ViT on in-memory synthetic data."""
     text = f"""{GROUPS.format(count=instances, ranks=ranks_per_instance)}
@@ -65,6 +66,7 @@ image_size = 32
 interval_steps = {interval}
 dir = "{directory / "checkpoints"}"
 keep = 3
+async_save = {"true" if async_save else "false"}
 [job.parallelism]
 strategy = "{strategy}"
 {extra_parallel}

@@ -2,14 +2,20 @@
 AWS_ENDPOINT_URL): every host uploads its own shards, the marker goes up last, marker-less steps
 are never loaded, pruning keeps ``keep`` steps, a failed upload fails loudly and leaves the
 previous checkpoint whole, and two torchrun "hosts" with separate local folders save to S3 and
-resume from empty folders to the same weights as an uninterrupted run."""
+resume from empty folders to the same weights as an uninterrupted run. An S3 outage (a loopback
+proxy taken down and brought back) costs saves, never training, and never leaves a marker on
+an incomplete step; background saves upload to S3 too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +27,10 @@ import torch
 from moto.server import ThreadedMotoServer
 from torch import nn
 
+from training.outcome import EXIT_FAILED, EXIT_STOPPED, Outcome
 from training.spec import load_spec
 from training.trainer.checkpoint import MARKER, Checkpointer, CheckpointStorageError
-from training.trainer.checkpoint_s3 import S3CheckpointStore
+from training.trainer.checkpoint_s3 import CONNECT_TIMEOUT_S, MAX_ATTEMPTS, S3CheckpointStore
 from training.trainer.config import ConfigError, TrainerConfig
 from training.trainer.local_run import free_port, run_local
 from training.trainer.train import Trainer
@@ -284,7 +291,7 @@ def test_two_hosts_save_all_shards_to_s3_and_resume_from_empty_folders(
 
 
 @pytest.mark.timeout(180)
-def test_sigterm_saves_to_s3_at_the_next_step_and_exits_0(
+def test_sigterm_saves_to_s3_at_the_next_step_and_exits_stopped(
     bucket: str, s3_env: dict[str, str], tmp_path: Path
 ) -> None:
     spec = write_spec(tmp_path, steps=100_000, interval=100_000)
@@ -294,7 +301,7 @@ def test_sigterm_saves_to_s3_at_the_next_step_and_exits_0(
     ended = sigterm_after_metrics(
         cmd, env={**os.environ, **s3_env, "OMP_NUM_THREADS": "1"}, run_dir=run_dir, lines=2
     )
-    assert ended.returncode == 0, ended.stdout[-3000:]
+    assert ended.returncode == EXIT_STOPPED, ended.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM"
     assert S3CheckpointStore(f"s3://{bucket}/c").latest_complete() == summary["steps"]
@@ -317,3 +324,183 @@ def test_trainer_in_process_resumes_from_s3(bucket: str, tmp_path: Path) -> None
     assert trainer.restored is not None and trainer.restored.step == 3
     assert trainer.stream.state_dict() == {"epoch": 0, "batch": 5}
     assert steps_in(bucket) == [3, 4, 5]  # keep = 3
+
+
+# --- S3 outages -------------------------------------------------------------------------------
+
+
+class TcpProxy:
+    """A loopback TCP proxy to ``target`` that can be taken down (new connections refused, open
+    ones cut) and brought back on the same port: an S3 outage as boto3 sees it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self.up()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                return
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", self.port))
+            listener.listen(64)
+            listener.settimeout(0.1)
+            self.port = listener.getsockname()[1]
+            self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            cut, self._open = self._open, set()
+        if listener is not None:
+            listener.close()
+        for sock in cut:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self._listener is listener:
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._open |= {client, upstream}
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_the_default_s3_client_fails_fast() -> None:
+    client = S3CheckpointStore("s3://b/p").client
+    assert client.meta.config.connect_timeout == CONNECT_TIMEOUT_S <= 5
+    assert client.meta.config.retries == {"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"}
+
+
+@pytest.mark.timeout(180)
+def test_an_s3_outage_costs_saves_not_training_and_never_leaves_a_marker(
+    bucket: str, s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    host, port = s3_env["AWS_ENDPOINT_URL"].removeprefix("http://").split(":")
+    proxy = TcpProxy((host, int(port)))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("HETERO_FINAL_SAVE_RETRY_S", "3")
+    spec = write_spec(tmp_path, interval=2, batch_size=4)
+    uri = f"s3://{bucket}/ckpts"
+
+    def config(steps: int, run: str) -> TrainerConfig:
+        return TrainerConfig.from_spec(
+            load_spec(spec), run_dir=tmp_path / run, steps=steps, synthetic=True,
+            checkpoint_dir=tmp_path / f"local-{run}", checkpoint_s3_uri=uri,
+        )  # fmt: skip
+
+    trainer = Trainer(config(5, "a"))
+    store = trainer.checkpointer.store
+    assert store is not None
+    save, upload = trainer.checkpointer.save, store.upload_files
+
+    def save_after_outage(step: int, *args: Any) -> Any:
+        if step == 4:
+            proxy.up()  # S3 is back for step 4's save
+        return save(step, *args)
+
+    def upload_into_outage(folder: Path, step: int) -> int:
+        if step in (2, 5):
+            proxy.down()  # S3 goes away as step 2's (and step 5's) shards go up
+        return upload(folder, step)
+
+    monkeypatch.setattr(trainer.checkpointer, "save", save_after_outage)
+    monkeypatch.setattr(store, "upload_files", upload_into_outage)
+    try:
+        with caplog.at_level(logging.WARNING):
+            code = trainer.train()
+    finally:
+        trainer.close()
+        proxy.up()
+    # Training went through the outage to its last step, but the last save failed (retried
+    # for HETERO_FINAL_SAVE_RETRY_S): the run failed, naming step 4 as its newest checkpoint.
+    assert code == EXIT_FAILED and trainer.step == 5
+    outcome = trainer.outcome
+    assert outcome is not None and outcome.outcome is Outcome.FAILED
+    assert outcome.step == 5 and outcome.checkpoint_step == 4
+    assert "checkpoint step 2 NOT saved" in caplog.text and "next attempt at step 4" in caplog.text
+    saves = trainer.summary["checkpoint"]
+    assert saves["saved_steps"] == [4]
+    assert saves["failed_steps"][0] == 2 and set(saves["failed_steps"][1:]) == {5}
+    assert len(saves["failed_steps"]) >= 2  # the last save was tried more than once
+    assert MARKER in step_files(bucket, 4)
+    assert MARKER not in step_files(bucket, 2) and MARKER not in step_files(bucket, 5)
+    assert store.latest_complete() == 4
+
+    # A replacement resumes from the newest complete step, 4, and finishes.
+    resumed = Trainer(config(6, "b"))
+    try:
+        assert resumed.train() == 0
+    finally:
+        resumed.close()
+    assert resumed.restored is not None and resumed.restored.step == 4
+    assert resumed.outcome is not None and resumed.outcome.checkpoint_step == 6
+    assert store.latest_complete() == 6
+
+
+def test_background_saves_upload_to_s3_and_load_like_foreground_ones(
+    bucket: str, tmp_path: Path
+) -> None:
+    weights = {}
+    for mode in ("sync", "async"):
+        (tmp_path / mode).mkdir()
+        spec = write_spec(
+            tmp_path / mode, interval=2, batch_size=4, async_save=mode == "async"
+        )  # fmt: skip
+        config = TrainerConfig.from_spec(
+            load_spec(spec), run_dir=tmp_path / mode / "run", steps=4, synthetic=True,
+            checkpoint_s3_uri=f"s3://{bucket}/{mode}",
+        )  # fmt: skip
+        trainer = Trainer(config)
+        try:
+            assert trainer.train() == 0
+        finally:
+            trainer.close()
+        saves = trainer.summary["checkpoint"]["saves"]
+        assert [(r["step"], r["mode"], r["saved"]) for r in saves] == [
+            (2, mode, True),
+            (4, mode, True),
+        ]
+        store = S3CheckpointStore(f"s3://{bucket}/{mode}")
+        assert store.latest_complete() == 4
+        store.download(2, tmp_path / mode / "step-2")
+        weights[mode] = load_params(tmp_path / mode / "step-2")
+    for name, tensor in weights["sync"].items():
+        assert torch.equal(tensor, weights["async"][name]), name

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from training.outcome import EXIT_STOPPED, Outcome, read_rank_outcomes
 from training.trainer.checkpoint import latest_complete
 from training.trainer.local_run import run_local
 
@@ -105,16 +106,20 @@ def test_hsdp_on_a_2x2_mesh_matches_single_process(tmp_path: Path, reference) ->
     assert summary["strategy"] == "hsdp" and summary["mesh"] == [2, 2]
 
 
-def test_sigterm_checkpoints_at_the_next_step_and_exits_0(tmp_path: Path) -> None:
+def test_sigterm_checkpoints_at_the_next_step_and_exits_stopped(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, steps=100_000, interval=100_000)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir",
            str(run_dir), "--synthetic-data"]  # fmt: skip
+    cmd += ["--outcome-dir", str(tmp_path / "outcome")]
     ended = sigterm_after_metrics(cmd, env={**os.environ, **ENV}, run_dir=run_dir, lines=3)
-    assert ended.returncode == 0, ended.stdout[-3000:]
+    assert ended.returncode == EXIT_STOPPED, ended.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stopped_by"] == "SIGTERM"
+    assert summary["stopped_by"] == "SIGTERM" and summary["outcome"] == "stopped"
     newest = latest_complete(tmp_path / "checkpoints")
     assert newest is not None and newest.name == f"step-{summary['steps']}"
+    [outcome] = read_rank_outcomes(tmp_path / "outcome")
+    assert (outcome.outcome, outcome.reason) == (Outcome.STOPPED, "SIGTERM")
+    assert outcome.step == outcome.checkpoint_step == summary["steps"]
     params = load_params(newest)
     assert all(torch.isfinite(t).all() for t in params.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -18,10 +19,12 @@ from training.data.augment import AugmentedSamples
 from training.dataplane.processes import start_server_process
 from training.dataplane.server import create_server
 from training.dataplane.sources import BatchWork, PremadeBatchSource
+from training.outcome import EXIT_STOPPED
 from training.spec import load_spec
 from training.trainer.config import TrainerConfig
 from training.trainer.inputs import EndOfData
 from training.trainer.remote import DataPlaneBatches
+from training.trainer.sample_log import read_sample_log
 from training.trainer.train import Trainer
 
 from .conftest import load_params, write_spec
@@ -165,6 +168,7 @@ def test_stop_while_waiting_for_data_checkpoints_the_position_before_the_step(
     source = PremadeBatchSource(SAMPLES, image_size=32, max_batch=8, num_classes=10)
     server, port = create_server(source, port=0)
     cfg = config(tmp_path, [f"127.0.0.1:{port}"], epochs=1000)
+    cfg = dataclasses.replace(cfg, sample_log_dir=tmp_path / "samples")
     trainer = Trainer(cfg)
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(trainer.train()))
@@ -189,10 +193,14 @@ def test_stop_while_waiting_for_data_checkpoints_the_position_before_the_step(
         thread.join(timeout=30)
         trainer.close()
         server.stop(0)
-    assert result == [0] and trainer.step == steps
+    assert result == [EXIT_STOPPED] and trainer.step == steps
     assert trainer.summary["stopped_by"] == "peer" and trainer.summary["steps"] == steps
     saved = trainer._data_state
     assert saved is not None and saved["client"] is not None
     consumed = sum(b - a for a, b in saved["client"]["consumed"])
     per_epoch = SAMPLES // 4
     assert saved["epoch"] * per_epoch * 4 + consumed == steps * 4  # no batch of the void step
+    # The sample log has every applied step, and not the void one.
+    logged = read_sample_log(tmp_path / "samples" / "rank-0.jsonl")
+    assert [line["step"] for line in logged] == list(range(1, steps + 1))
+    assert all(len(line["sample_ids"]) == 4 for line in logged)

@@ -1,8 +1,13 @@
 """torchrun entry: ``python -m training.trainer --spec SPEC --run-dir DIR [--data-servers ...]``.
 
-Builds the configuration once and hands it to one ``Trainer``. Exit codes: 0 when training
-finished or stopped gracefully (SIGTERM/SIGINT, ``--max-seconds``), 2 for a bad spec or flags,
-1 for any other failure.
+Builds the configuration once and hands it to one ``Trainer``. Exit codes (``training.outcome``):
+0 the job finished (its steps or epochs; last checkpoint durable); 75 it stopped gracefully
+(SIGTERM, SIGINT, ``--max-seconds`` or a peer's stop) with a durable checkpoint of its last
+step, to be resumed; 1 any failure (a crash, a lost peer, a last checkpoint that could not be
+saved); 2 a bad spec, flags or environment. With ``--outcome-dir`` each rank also writes
+``rank-<RANK>.json`` (``training.outcome.write_rank_outcome``) before it exits, failures
+included, since torchrun reports every non-zero rank exit as 1. SIGUSR1 asks for a checkpoint
+without stopping (a rebalance recommendation).
 """
 
 from __future__ import annotations
@@ -10,11 +15,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from training.outcome import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    Outcome,
+    RankOutcome,
+    write_rank_outcome,
+)
 from training.spec import SpecError, load_spec
 from training.trainer.config import ConfigError, TrainerConfig
+
+if TYPE_CHECKING:
+    from training.trainer.train import Trainer
 
 log = logging.getLogger("training.trainer")
 
@@ -42,6 +60,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "resume downloads the newest complete step on every host)",
     )
     p.add_argument(
+        "--outcome-dir",
+        help="write this rank's outcome (finished, stopped or failed; last step; newest "
+        "durable checkpoint; reason) to DIR/rank-<RANK>.json before exiting",
+    )
+    p.add_argument(
         "--synthetic-data",
         action="store_true",
         help="in-memory synthetic batches, no augmentation (tests, loop-overhead benchmarks)",
@@ -51,12 +74,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A rebalance notice (SIGUSR1) before the trainer listens for it must not kill the rank.
+    previous_usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
-    rank = os.environ.get("RANK", "0")
+    rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s",
     )
+    outcome_dir = Path(args.outcome_dir) if args.outcome_dir else None
     try:
         config = TrainerConfig.from_spec(
             load_spec(args.spec),
@@ -70,25 +103,59 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except (SpecError, ConfigError) as e:
         print(e, file=sys.stderr)
-        return 2
+        _write_outcome(outcome_dir, _failed(rank, None, f"configuration: {e}"))
+        return EXIT_CONFIG
     # Imported here so a bad spec is reported without loading torch.
     from training.trainer.train import Trainer
 
     trainer: Trainer | None = None
     try:
         trainer = Trainer(config)
-        return trainer.train()
+        code = trainer.train()
+        assert trainer.outcome is not None
+        _write_outcome(outcome_dir, trainer.outcome)
     except ConfigError as e:
         print(e, file=sys.stderr)
-        return 2
-    except Exception:
+        _write_outcome(outcome_dir, _failed(rank, trainer, f"configuration: {e}"))
+        code = EXIT_CONFIG
+    except Exception as e:
         log.exception("trainer failed")
-        return 1
-    finally:
-        if trainer is not None:
-            trainer.close()
-        else:
-            _leave_process_group()
+        _write_outcome(outcome_dir, _failed(rank, trainer, f"{type(e).__name__}: {e}"))
+        code = EXIT_FAILED
+    if code != 0 and trainer is not None and trainer.policy.in_flight is not None:
+        # The background save's thread may be blocked on a peer that is gone (for up to the
+        # checkpoint timeout), and the interpreter would wait for it at exit; the outcome is
+        # written, so leave now.
+        log.error("exiting with %d without waiting for the background checkpoint save", code)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if trainer is not None:
+        trainer.close()
+    else:
+        _leave_process_group()
+    return code
+
+
+def _failed(rank: int, trainer: Trainer | None, reason: str) -> RankOutcome:
+    return RankOutcome(
+        rank=rank,
+        outcome=Outcome.FAILED,
+        step=trainer.step if trainer is not None else 0,
+        checkpoint_step=trainer.policy.checkpoint_step if trainer is not None else None,
+        reason=reason,
+    )
+
+
+def _write_outcome(folder: Path | None, outcome: RankOutcome) -> None:
+    """Best effort: a rank that cannot write its file counts as failed anyway."""
+    if folder is None:
+        return
+    try:
+        write_rank_outcome(folder, outcome)
+    except Exception as e:
+        log.error("could not write the outcome file into %s: %s", folder, e)
 
 
 def _leave_process_group() -> None:

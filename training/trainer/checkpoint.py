@@ -4,11 +4,30 @@ mirrored to S3.
 A save goes to ``step-N.partial/`` first; when every rank has written its shards, rank 0 renames
 it to ``step-N/`` and then writes the ``COMPLETE`` marker, last. Resume trusts only folders with
 the marker, so a save cut off half-way (a Spot instance reclaimed mid-write) is never loaded.
+Every rank returns from a save (and logs it as saved) only after the marker is written: the
+ranks agree after it, so no rank counts a step that another could not finish.
+
+Without S3 the folder must be one that every trainer host sees (one host, or a shared
+filesystem): DCP writes the ``.metadata`` file only on rank 0's host, and DDP's weights, which
+are the same on every rank, are written once (deduplicated), so a host's own folder holds only
+part of a checkpoint and no other host could load it. ``check_shared_folder`` finds out at start
+(rank 0 writes a probe file; every host looks for it) and stops every rank with an error that
+says to use an S3 URI when the hosts do not share the folder.
 
 With an S3 URI (``S3CheckpointStore``) the local folder is each host's staging area and S3 is the
 checkpoint: after ``dcp.save`` every host's local rank 0 uploads the files its host wrote, all
 ranks agree that every upload succeeded, and only then does rank 0 upload the marker. Resume
 downloads the newest complete S3 step on every host, so each has all shards before DCP loads.
+
+``start_async`` / ``advance`` are the same save in the background (``dcp.async_save``): the
+state is copied to host memory before ``start_async`` returns, the write (and with S3 the
+upload) runs on threads, and the caller calls ``advance`` on every rank once every rank's
+background work is done (``PendingSave.busy`` is False everywhere); the step is complete when
+``advance`` returns its folder.
+
+All checkpoint collectives run on ``group`` (a gloo group with a long timeout: a slow upload is
+not a lost peer); DCP's own collectives in a background save run on ``async_group``, so the
+background thread never shares a group with the training loop.
 """
 
 from __future__ import annotations
@@ -20,8 +39,10 @@ import re
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +53,18 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.optim import Optimizer
 
 from training.trainer.checkpoint_s3 import S3CheckpointStore
+from training.trainer.config import ConfigError
 
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
 _STEP_RE = re.compile(r"^step-(\d+)$")
+_PROBE_PREFIX = ".shared-probe-"
 
 
 class CheckpointStorageError(RuntimeError):
-    """A checkpoint could not be written to or read from S3; the message lists each rank's
-    error. The previous complete checkpoint is untouched."""
+    """A checkpoint could not be written or read (a local folder or S3); the message lists each
+    rank's error. Raised on every rank alike; the previous complete checkpoint is untouched."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +76,42 @@ class Restored:
     data_state: list[Any]
     """One entry per rank of the run that saved it: each rank's input position."""
     world_size: int
+
+
+@dataclass
+class PendingSave:
+    """A background save in flight (see ``Checkpointer.start_async``)."""
+
+    step: int
+    partial: Path
+    final: Path
+    write: Future[Any]
+    """DCP's background write of this rank's shards."""
+    staged: Future[Any] | None = None
+    """Set when DCP copies the state to host memory in the background too."""
+    upload: Future[Any] | None = None
+    """With S3, on each host's local rank 0: the upload of this host's files."""
+    phase: str = "write"
+    """``write`` (DCP writing), then with S3 ``upload``."""
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def busy(self) -> bool:
+        """True while this rank's background work of the current phase runs (no communication)."""
+        running = self.write if self.phase == "write" else self.upload
+        return running is not None and not running.done()
+
+    def wait_staged(self) -> None:
+        """Return once the state has been copied out (the model may change after that)."""
+        if self.staged is not None:
+            self.staged.result()
+
+    def wait(self) -> None:
+        """Block until this rank's background work of the current phase is done (it may have
+        failed: ``advance`` reports that)."""
+        running = self.write if self.phase == "write" else self.upload
+        if running is not None:
+            running.exception()  # Waits; never raises the work's own error.
 
 
 def step_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -80,6 +139,10 @@ def latest_complete(directory: Path) -> Path | None:
     return None
 
 
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
 class Checkpointer:
     """Saves and restores model, optimizer, step and data position; every method is collective
     (all ranks call it) unless it says otherwise. With ``store`` the checkpoints live in S3 and
@@ -94,6 +157,8 @@ class Checkpointer:
         world_size: int,
         local_rank: int = 0,
         store: S3CheckpointStore | None = None,
+        group: dist.ProcessGroup | None = None,
+        async_group: dist.ProcessGroup | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"job.checkpoint.keep must be at least 1, got {keep}")
@@ -103,16 +168,21 @@ class Checkpointer:
         self.world_size = world_size
         self.local_rank = local_rank
         self.store = store
+        self.group = group
+        """Checkpoint collectives (None: the default group)."""
+        self.async_group = async_group
+        """DCP's collectives in background saves (None: ``group``)."""
+        self._uploader: ThreadPoolExecutor | None = None
 
     @property
     def _distributed(self) -> bool:
         return dist.is_initialized() and self.world_size > 1
 
-    def _barrier(self) -> None:
-        if self._distributed:
-            dist.barrier()
+    @property
+    def _where(self) -> str:
+        return socket.gethostname()
 
-    def _from_rank0(self, fn: Callable[[], Any], what: str) -> Any:
+    def from_rank0(self, fn: Callable[[], Any], what: str) -> Any:
         """``fn()`` on rank 0, its result on every rank; if it raised, every rank raises
         (rather than the others waiting for a broadcast that never comes)."""
         box: list[Any] = [None]
@@ -121,13 +191,25 @@ class Checkpointer:
                 box = [(fn(), None)]
             except Exception as e:
                 log.exception("%s failed", what)
-                box = [(None, f"{type(e).__name__}: {e}")]
+                box = [(None, _error_text(e))]
         if self._distributed:
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=self.group)
         value, error = box[0]
         if error is not None:
             raise CheckpointStorageError(f"{what} failed on rank 0: {error}")
         return value
+
+    def _agree(self, error: str | None, what: str) -> None:
+        """Every rank passes its own error (None: fine); every rank raises if any had one, with
+        each failing rank's error and host (an all-gather, which is also the barrier)."""
+        mine = None if error is None else f"rank {self.rank} on {self._where}: {error}"
+        errors: list[str | None] = [mine]
+        if self._distributed:
+            errors = [None] * self.world_size
+            dist.all_gather_object(errors, mine, group=self.group)
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise CheckpointStorageError(f"{what} failed: " + "; ".join(failed))
 
     def _on_host_leaders(self, fn: Callable[[], None], what: str) -> None:
         """``fn()`` on each host's local rank 0, then wait for all ranks; if it raised on any
@@ -138,80 +220,230 @@ class Checkpointer:
                 fn()
             except Exception as e:
                 log.exception("%s failed", what)
-                error = f"rank {self.rank} on {socket.gethostname()}: {type(e).__name__}: {e}"
-        errors = [error]
-        if self._distributed:
-            errors = [None] * self.world_size
-            dist.all_gather_object(errors, error)  # Also the barrier that ends the step.
-        failed = [e for e in errors if e is not None]
-        if failed:
-            raise CheckpointStorageError(f"{what} failed: " + "; ".join(failed))
+                error = _error_text(e)
+        self._agree(error, what)
+
+    # -- start -------------------------------------------------------------------------------
+
+    def check_shared_folder(self) -> None:
+        """Without S3 and with several hosts, make sure every host sees the same folder; else
+        raise ``ConfigError`` on every rank (DCP's ``.metadata`` and DDP's deduplicated weights
+        are written on rank 0's host only, so no other host could load a checkpoint from its
+        own folder)."""
+        if not self._distributed or self.store is not None:
+            return
+
+        def write_probe() -> str:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            name = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
+            (self.directory / name).write_text(self._where)
+            return name
+
+        probe = self.from_rank0(write_probe, f"writing a probe file into {self.directory}")
+        mine = None
+        if self.local_rank == 0:
+            mine = (self.rank, self._where, (self.directory / probe).is_file())
+        seen: list[Any] = [None] * self.world_size
+        dist.all_gather_object(seen, mine, group=self.group)
+        if self.rank == 0:
+            (self.directory / probe).unlink(missing_ok=True)
+        hosts = [s for s in seen if s is not None]
+        blind = [f"rank {r} on {host}" for r, host, sees in hosts if not sees]
+        if len(hosts) > 1 and blind:
+            raise ConfigError(
+                [
+                    f"the checkpoint folder {self.directory} is not shared between the "
+                    f"{len(hosts)} trainer hosts ({', '.join(blind)} cannot see rank 0's "
+                    "files) and no S3 URI is set. A host's own folder would hold only part of "
+                    "each checkpoint (DCP's .metadata and DDP's deduplicated weights are "
+                    "written on rank 0's host only), so no other host could resume from it. "
+                    "Keep checkpoints in S3: --checkpoint-s3-uri s3://BUCKET/PREFIX (the "
+                    "launcher passes HETERO_CHECKPOINT_URI), or put job.checkpoint.dir on a "
+                    "filesystem every host mounts"
+                ]
+            )
+
+    # -- save --------------------------------------------------------------------------------
 
     def save(
         self, step: int, model: nn.Module, optimizer: Optimizer, data_state: Any
     ) -> Path | None:
         """Write ``step-N/`` and its marker (and, with a store, upload it: shards from every host
         first, marker last); returns the local folder (None if the step was already saved).
-        Raises ``CheckpointStorageError`` on every rank if an upload failed; the step's marker
-        is then absent, so the previous complete checkpoint stays the newest."""
+        Returns on every rank only once the marker is written. Raises
+        ``CheckpointStorageError`` on every rank if any rank's write or upload failed; the
+        step's marker is then absent, so the previous complete checkpoint stays the newest."""
+        started = time.perf_counter()
+        prepared = self._prepare(step)
+        if prepared is None:
+            return None
+        partial, final = prepared
+        try:
+            state = self._state(step, model, optimizer, data_state)
+            error = None
+            try:
+                # Returns on every rank only after all ranks have written.
+                dcp.save(state, checkpoint_id=str(partial), process_group=self.group)
+            except Exception as e:
+                log.exception("writing checkpoint step %d failed", step)
+                error = _error_text(e)
+            self._agree(error, f"writing checkpoint step {step}")
+            if self.store is None:
+                self._finish_local(step, partial, final)
+            else:
+                self._upload_now(self.store, step, partial)
+                self._finish_s3(self.store, step, partial, final)
+        except CheckpointStorageError:
+            self._discard(partial)
+            raise
+        log.info(
+            "checkpoint step %d saved to %s in %.2fs", step, self._target(step), _since(started)
+        )
+        return final
+
+    def start_async(
+        self, step: int, model: nn.Module, optimizer: Optimizer, data_state: Any
+    ) -> PendingSave | None:
+        """Start saving ``step`` in the background; returns once the state is copied to host
+        memory (or ``PendingSave.wait_staged`` says when), None if the step is already saved.
+        Call ``advance`` on every rank when no rank's save is ``busy``."""
+        prepared = self._prepare(step)
+        if prepared is None:
+            return None
+        partial, final = prepared
+        state = self._state(step, model, optimizer, data_state)
+        response = dcp.async_save(
+            state, checkpoint_id=str(partial), process_group=self.async_group or self.group
+        )
+        if isinstance(response, Future):
+            return PendingSave(step, partial, final, write=response)
+        return PendingSave(
+            step,
+            partial,
+            final,
+            write=response.upload_completion,
+            staged=response.staging_completion,
+        )
+
+    def advance(self, pending: PendingSave) -> Path | None:
+        """Take ``pending`` to its next phase once every rank's background work of this phase
+        is done: the final folder when the step is complete (marker written, uploaded with S3),
+        None while an upload phase runs in the background. Raises ``CheckpointStorageError``
+        on every rank if any rank's write or upload failed."""
+        step, store = pending.step, self.store
+        try:
+            if pending.phase == "write":
+                error = pending.write.exception()
+                if error is not None:
+                    log.error("writing checkpoint step %d failed: %s", step, error)
+                self._agree(
+                    None if error is None else _error_text(error),
+                    f"writing checkpoint step {step}",
+                )
+                if store is None:
+                    self._finish_local(step, pending.partial, pending.final)
+                    return self._saved(pending)
+                pending.phase = "upload"
+                if self.local_rank == 0:
+                    if self._uploader is None:
+                        self._uploader = ThreadPoolExecutor(
+                            max_workers=1, thread_name_prefix="checkpoint-upload"
+                        )
+                    pending.upload = self._uploader.submit(
+                        store.upload_files, pending.partial, step
+                    )
+                return None
+            error = pending.upload.exception() if pending.upload is not None else None
+            if error is not None:
+                log.error("uploading checkpoint step %d failed: %s", step, error)
+            self._agree(
+                None if error is None else _error_text(error),
+                f"uploading checkpoint step {step} to S3",
+            )
+            assert store is not None
+            self._finish_s3(store, step, pending.partial, pending.final)
+            return self._saved(pending)
+        except CheckpointStorageError:
+            self._discard(pending.partial)
+            raise
+
+    def _saved(self, pending: PendingSave) -> Path:
+        log.info(
+            "checkpoint step %d saved to %s in the background in %.2fs",
+            pending.step, self._target(pending.step), _since(pending.started),
+        )  # fmt: skip
+        return pending.final
+
+    def _target(self, step: int) -> str:
+        return self.store.step_uri(step) if self.store else str(self.directory / f"step-{step}")
+
+    def _prepare(self, step: int) -> tuple[Path, Path] | None:
+        """Clear leftovers of an earlier save of ``step``; None if ``step`` is already complete
+        (e.g. stopped right after resuming from it: rank 0 decides, so every rank agrees)."""
         final = self.directory / f"step-{step}"
         store = self.store
-        # Already saved (e.g. stopped right after resuming from this step): rank 0 decides, so
-        # every rank takes the same branch.
-        done = self._from_rank0(
+        done = self.from_rank0(
             (lambda: store.is_complete(step)) if store else (lambda: is_complete(final)),
             f"checking for checkpoint step {step}",
         )
         if done:
             return None
         partial = self.directory / f"step-{step}.partial"
-        started = time.perf_counter()
-        if self.local_rank == 0:  # Each host clears its own leftovers of a cut-off save.
+
+        def clear_local() -> None:  # Each host clears its own leftovers of a cut-off save.
             self.directory.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(partial, ignore_errors=True)
+
+        self._on_host_leaders(clear_local, f"preparing {partial}")
         if store is not None:
             # Files of a cut-off save of this step (no marker) must not mix with this one's.
-            self._from_rank0(lambda: store.delete_step(step), f"clearing {store.step_uri(step)}")
-        self._barrier()
+            self.from_rank0(lambda: store.delete_step(step), f"clearing {store.step_uri(step)}")
+        return partial, final
+
+    def _state(
+        self, step: int, model: nn.Module, optimizer: Optimizer, data_state: Any
+    ) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         all_data = [data_state]
         if self._distributed:
             all_data = [None] * self.world_size
-            dist.all_gather_object(all_data, data_state)
-        state = {
+            dist.all_gather_object(all_data, data_state, group=self.group)
+        return {
             "model": model_sd,
             "optim": optim_sd,
             "train": {"step": step, "world_size": self.world_size, "data": json.dumps(all_data)},
         }
-        # dcp.save returns on every rank only after all ranks have written (its final step
-        # gathers every rank's write results to rank 0 and broadcasts back).
-        dcp.save(state, checkpoint_id=str(partial))
-        if store is None:
-            if self.rank == 0:
-                shutil.rmtree(final, ignore_errors=True)  # A marker-less leftover.
-                os.replace(partial, final)
-                _write_durably(final / MARKER, json.dumps({"step": step, "time": time.time()}))
-                self._prune_local()
-            self._barrier()
-        else:
-            self._save_to_s3(store, step, partial, final)
-        log.info("checkpoint step %d saved to %s in %.2fs", step, final, _since(started))
-        return final
 
-    def _save_to_s3(self, store: S3CheckpointStore, step: int, partial: Path, final: Path) -> None:
-        """Upload each host's files of ``partial``, then (rank 0) the marker, then prune."""
+    def _finish_local(self, step: int, partial: Path, final: Path) -> None:
+        """Rank 0 renames the folder into place, writes the marker and prunes; every rank
+        returns after that (or raises with rank 0's error)."""
+
+        def finish() -> None:
+            shutil.rmtree(final, ignore_errors=True)  # A marker-less leftover.
+            os.replace(partial, final)
+            _write_durably(final / MARKER, json.dumps({"step": step, "time": time.time()}))
+            self._prune_local()
+
+        self.from_rank0(finish, f"completing checkpoint step {step}")
+
+    def _upload_now(self, store: S3CheckpointStore, step: int, partial: Path) -> None:
+        """Each host's local rank 0 uploads its host's files of ``partial``; all ranks agree."""
         sent: list[int] = [0]
+        t0 = time.perf_counter()
 
         def upload_host_files() -> None:
             sent[0] = store.upload_files(partial, step)
 
-        t0 = time.perf_counter()
         self._on_host_leaders(upload_host_files, f"uploading checkpoint step {step} to S3")
         if self.local_rank == 0:
             log.info(
                 "uploaded %.1f MB of step %d to %s in %.2fs",
                 sent[0] / 1e6, step, store.step_uri(step), _since(t0),
             )  # fmt: skip
+
+    def _finish_s3(self, store: S3CheckpointStore, step: int, partial: Path, final: Path) -> None:
+        """Rename each host's staging folder, then (rank 0) write and upload the marker and
+        prune; every rank returns once the marker is in S3 (or raises)."""
 
         def finish() -> None:
             if self.local_rank == 0:
@@ -228,14 +460,39 @@ class Checkpointer:
 
         self._on_host_leaders(finish, f"completing checkpoint step {step} in S3")
 
+    def _discard(self, partial: Path) -> None:
+        """Drop this host's files of a failed save (not collective; best effort)."""
+        if self.local_rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+
+    # -- restore -----------------------------------------------------------------------------
+
     def restore_latest(self, model: nn.Module, optimizer: Optimizer) -> Restored | None:
         """Load the newest complete checkpoint into ``model`` and ``optimizer`` (None if none).
-        With a store: the newest complete S3 step, downloaded first into every host's folder."""
+        Rank 0 picks the step; every host checks that it can read it (with a store: downloads
+        it) before any rank loads, and every rank raises ``CheckpointStorageError`` naming the
+        step and each host that cannot, rather than loading different steps or waiting."""
         store = self.store
         if store is None:
-            path = latest_complete(self.directory)
-            return None if path is None else self.restore(path, model, optimizer)
-        step = self._from_rank0(store.latest_complete, f"listing checkpoints in {store.uri}")
+            newest = self.from_rank0(
+                lambda: _step_of(latest_complete(self.directory)),
+                f"listing checkpoints in {self.directory}",
+            )
+            if newest is None:
+                return None
+            path = self.directory / f"step-{newest}"
+
+            def readable() -> None:
+                if not is_complete(path) or not (path / ".metadata").is_file():
+                    raise FileNotFoundError(
+                        f"{path} is missing or incomplete on this host (no {MARKER} or "
+                        ".metadata); rank 0 chose it"
+                    )
+
+            self._on_host_leaders(readable, f"loading checkpoint step {newest}")
+            return self.restore(path, model, optimizer)
+
+        step = self.from_rank0(store.latest_complete, f"listing checkpoints in {store.uri}")
         if step is None:
             return None
         path = self.directory / f"step-{step}"
@@ -247,7 +504,7 @@ class Checkpointer:
                 "downloaded %.1f MB of %s in %.2fs", got / 1e6, store.step_uri(step), _since(t0)
             )
 
-        self._on_host_leaders(download, f"downloading {store.step_uri(step)}")
+        self._on_host_leaders(download, f"downloading checkpoint step {step} from {store.uri}")
         return self.restore(path, model, optimizer)
 
     def restore(self, path: Path, model: nn.Module, optimizer: Optimizer) -> Restored:
@@ -259,7 +516,7 @@ class Checkpointer:
             "optim": optim_sd,
             "train": {"step": 0, "world_size": 0, "data": ""},
         }
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, checkpoint_id=str(path), process_group=self.group)
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
@@ -279,6 +536,16 @@ class Checkpointer:
         for old in kept[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
             log.info("checkpoint %s removed (keep=%d)", old, self.keep)
+
+    def close(self) -> None:
+        """Stop the upload thread without waiting for it (not collective)."""
+        if self._uploader is not None:
+            self._uploader.shutdown(wait=False, cancel_futures=True)
+            self._uploader = None
+
+
+def _step_of(path: Path | None) -> int | None:
+    return None if path is None else int(path.name.removeprefix("step-"))
 
 
 def _write_durably(path: Path, text: str) -> None:

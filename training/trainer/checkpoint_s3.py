@@ -6,6 +6,10 @@ finished, so a step whose marker is missing (a save cut off by a Spot reclaim or
 is never loaded. Pruning deletes a step's marker before its other files for the same reason.
 boto3 takes its endpoint, region and credentials from the usual places (``AWS_ENDPOINT_URL``,
 ``AWS_REGION``, the instance role), so tests point it at a local moto server.
+
+The client's waits are bounded (``CLIENT_CONFIG``: a few seconds to connect or to hear back,
+three attempts in all), so an S3 outage fails a save within seconds instead of hanging it; the
+trainer decides what a failed save means (``training.trainer.checkpoint_policy``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,23 @@ MARKER = "COMPLETE"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _TRANSFER_THREADS = 8
 """Files moved at once: a host with 8 ranks writes 8 shard files per save."""
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 10.0
+MAX_ATTEMPTS = 3
+"""Attempts per request in all (botocore's ``standard`` retry mode, with backoff)."""
+
+
+def bounded_client() -> Any:
+    """A boto3 S3 client whose every call ends within seconds when S3 cannot be reached."""
+    import boto3  # Imported here: local-only runs never need it.
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+    )
+    return boto3.client("s3", config=config)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -47,11 +68,7 @@ class S3CheckpointStore:
     def __init__(self, uri: str, client: Any | None = None) -> None:
         self.uri = uri
         self.bucket, self.prefix = parse_s3_uri(uri)
-        if client is None:
-            import boto3  # Imported here: local-only runs never need it.
-
-            client = boto3.client("s3")
-        self.client = client
+        self.client = bounded_client() if client is None else client
 
     def step_uri(self, step: int) -> str:
         return f"s3://{self.bucket}/{self._step_prefix(step)}"

@@ -8,6 +8,8 @@ lines name the spec field or flag to change.
 from __future__ import annotations
 
 import enum
+import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,19 @@ from typing import Any
 
 from training.spec import ClusterSpec, Parallelism, Precision
 from training.trainer.checkpoint_s3 import parse_s3_uri
+
+ENV_COLLECTIVE_TIMEOUT = "HETERO_COLLECTIVE_TIMEOUT_S"
+"""Seconds a rank waits in a training collective (gradients, the per-step flags) for its peers
+before it fails (default 60): a lost peer ends the job within about a minute."""
+ENV_CHECKPOINT_TIMEOUT = "HETERO_CHECKPOINT_TIMEOUT_S"
+"""Seconds a rank waits in a checkpoint collective (DCP save/load, the agreements around uploads
+and downloads) for its peers (default 600): a slow upload is not a lost peer."""
+ENV_FINAL_SAVE_RETRY = "HETERO_FINAL_SAVE_RETRY_S"
+"""Seconds the last checkpoint of a run (a graceful stop, the end) keeps retrying a failing
+save before the run counts as failed (default 60)."""
+ENV_SAMPLE_LOG_DIR = "HETERO_SAMPLE_LOG_DIR"
+"""When set, each rank appends the sample ids of every applied step to
+``<dir>/rank-<RANK>.jsonl`` (``training.trainer.sample_log``)."""
 
 
 class ConfigError(ValueError):
@@ -80,6 +95,22 @@ class CheckpointConfig:
     s3_uri: str | None = None
     """``s3://bucket/prefix``: checkpoints live there (every host uploads its shards; resume
     downloads the newest complete step on every host)."""
+    async_save: bool = False
+    """Periodic saves write in the background (``job.checkpoint.async_save``)."""
+    final_save_retry_s: float = 60.0
+    """How long the last save of a run retries before the run counts as failed
+    (``HETERO_FINAL_SAVE_RETRY_S``)."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Bounded waits for peers, in seconds (environment: ``HETERO_COLLECTIVE_TIMEOUT_S``,
+    ``HETERO_CHECKPOINT_TIMEOUT_S``)."""
+
+    collective_s: float = 60.0
+    """Training collectives: the default process group and the per-step flag group."""
+    checkpoint_s: float = 600.0
+    """The checkpoint group: DCP save/load and the agreements around uploads and downloads."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +147,9 @@ class TrainerConfig:
     compile: bool
     seed: int
     log_every_steps: int
+    timeouts: Timeouts = Timeouts()
+    sample_log_dir: Path | None = None
+    """Where each rank logs the sample ids of every applied step (``HETERO_SAMPLE_LOG_DIR``)."""
 
     @classmethod
     def from_spec(
@@ -129,10 +163,33 @@ class TrainerConfig:
         checkpoint_dir: str | Path | None = None,
         checkpoint_s3_uri: str | None = None,
         synthetic: bool = False,
+        environ: Mapping[str, str] | None = None,
     ) -> TrainerConfig:
-        """Build and validate the trainer's view of ``spec``; flags win over spec fields."""
+        """Build and validate the trainer's view of ``spec``; flags win over spec fields.
+        ``environ`` (default: this process's environment) gives the ``HETERO_*`` settings."""
         job = spec.job
+        env = os.environ if environ is None else environ
         problems: list[str] = []
+
+        def seconds(name: str, default: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value) or value <= 0:
+                problems.append(f"{name} must be a positive number of seconds, got {raw!r}")
+                return default
+            return value
+
+        timeouts = Timeouts(
+            collective_s=seconds(ENV_COLLECTIVE_TIMEOUT, Timeouts.collective_s),
+            checkpoint_s=seconds(ENV_CHECKPOINT_TIMEOUT, Timeouts.checkpoint_s),
+        )
+        final_retry = seconds(ENV_FINAL_SAVE_RETRY, CheckpointConfig.final_save_retry_s)
+        sample_log = env.get(ENV_SAMPLE_LOG_DIR, "").strip()
         if steps is not None and steps < 1:
             problems.append(f"--steps must be at least 1, got {steps}")
         if max_seconds is not None and max_seconds <= 0:
@@ -206,6 +263,8 @@ class TrainerConfig:
                 interval_steps=job.checkpoint.interval_steps,
                 keep=job.checkpoint.keep,
                 s3_uri=s3_uri,
+                async_save=job.checkpoint.async_save,
+                final_save_retry_s=final_retry,
             ),
             input=InputConfig(kind=kind, data_servers=servers),
             batch_size=job.batch_size,
@@ -217,4 +276,6 @@ class TrainerConfig:
             compile=job.compile,
             seed=job.seed,
             log_every_steps=job.log_every_steps,
+            timeouts=timeouts,
+            sample_log_dir=Path(sample_log) if sample_log else None,
         )

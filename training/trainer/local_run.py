@@ -3,7 +3,9 @@
 Each process would otherwise spend seconds importing torch and timm; here a forkserver imports
 them once and forks the ranks from it. The ranks get torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT on 127.0.0.1) and run ``training.trainer``'s
-``main``, so the code path is the one torchrun runs.
+``main``, so the code path is the one torchrun runs. ``ranks_per_host`` makes the ranks look like
+several hosts (each with its own LOCAL_RANK 0), and ``rank_args`` gives each rank flags of its
+own (e.g. its host's own checkpoint folder).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from multiprocessing.process import BaseProcess
 
-_PRELOAD = ["torch", "timm", "training.trainer.train"]
+FORKSERVER_PRELOAD = ["torch", "timm", "training.trainer.train"]
+"""Imported once by the forkserver that forks the ranks."""
 
 
 def free_port() -> int:
@@ -26,13 +29,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(rank: int, world_size: int, port: int, argv: list[str], env: dict[str, str]) -> None:
+def _rank_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    argv: list[str],
+    env: dict[str, str],
+    ranks_per_host: int,
+) -> None:
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank % ranks_per_host),
+        LOCAL_WORLD_SIZE=str(ranks_per_host),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
@@ -49,15 +59,25 @@ class LocalJob:
     """``world_size`` trainer ranks running ``python -m training.trainer <argv>``."""
 
     def __init__(
-        self, argv: Sequence[str], world_size: int, *, env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        world_size: int,
+        *,
+        env: Mapping[str, str] | None = None,
+        ranks_per_host: int | None = None,
+        rank_args: Sequence[Sequence[str]] | None = None,
     ) -> None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         port = free_port()
+        per_host = ranks_per_host or world_size
+        extra = [list(a) for a in rank_args] if rank_args is not None else [[]] * world_size
+        if len(extra) != world_size:
+            raise ValueError(f"rank_args has {len(extra)} entries for {world_size} ranks")
         self.processes: list[BaseProcess] = [
             ctx.Process(
                 target=_rank_main,
-                args=(rank, world_size, port, list(argv), dict(env or {})),
+                args=(rank, world_size, port, [*argv, *extra[rank]], dict(env or {}), per_host),
                 name=f"trainer-rank-{rank}",
             )
             for rank in range(world_size)
@@ -78,10 +98,11 @@ class LocalJob:
                 p.join(5)
         return codes
 
-    def signal(self, signum: int) -> None:
-        """Send ``signum`` to every live rank (as the launcher forwards a Spot notice)."""
-        for p in self.processes:
-            if p.pid is not None and p.is_alive():
+    def signal(self, signum: int, ranks: Sequence[int] | None = None) -> None:
+        """Send ``signum`` to every live rank (as the launcher forwards a Spot notice), or to
+        ``ranks`` only."""
+        for rank, p in enumerate(self.processes):
+            if (ranks is None or rank in ranks) and p.pid is not None and p.is_alive():
                 os.kill(p.pid, signum)
 
 
@@ -91,6 +112,9 @@ def run_local(
     *,
     timeout: float = 300.0,
     env: Mapping[str, str] | None = None,
+    ranks_per_host: int | None = None,
+    rank_args: Sequence[Sequence[str]] | None = None,
 ) -> list[int | None]:
     """Run the trainer on ``world_size`` local ranks to completion; exit codes per rank."""
-    return LocalJob(argv, world_size, env=env).wait(timeout)
+    job = LocalJob(argv, world_size, env=env, ranks_per_host=ranks_per_host, rank_args=rank_args)
+    return job.wait(timeout)

@@ -79,12 +79,15 @@ class Interval:
     steps: int = 0
     data_wait_s: float = 0.0
     loss_sum: float = 0.0
+    checkpoint_s: float = 0.0
+    """Time the loop spent on checkpoints (not counted as step time)."""
 
     def reset(self) -> None:
         self.started = time.perf_counter()
         self.steps = 0
         self.data_wait_s = 0.0
         self.loss_sum = 0.0
+        self.checkpoint_s = 0.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ class MetricsLogger:
             "mfu": self._mfu(samples_per_s),
             "gpu_util_pct": self._gpu.utilisation_pct(),
             "steps": steps,
+            "checkpoint_stall_s": interval.checkpoint_s,
         }
         if self._device.type == "cuda":
             record["gpu_mem_peak_gib"] = torch.cuda.max_memory_allocated(self._device) / 2**30

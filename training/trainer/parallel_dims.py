@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from training.spec import Parallelism
@@ -70,11 +73,21 @@ class ParallelDims:
             )
         return cls(config.strategy, replicate=replicate, shard=shard)
 
-    def build_mesh(self, device_type: str) -> DeviceMesh:
+    def build_mesh(self, device_type: str, *, timeout_s: float | None = None) -> DeviceMesh:
         """The named ``("replicate", "shard")`` mesh over every rank (collective: all ranks
-        must call it)."""
+        must call it). A dimension that spans every rank reuses the default group (and its
+        timeout); the subgroups of a 2-D mesh get ``timeout_s`` (torch's default otherwise:
+        10-30 minutes)."""
+        override: dict[int | str, Any] = {}
+        if timeout_s is not None:
+            for name, size in zip(MESH_DIM_NAMES, (self.replicate, self.shard), strict=True):
+                if 1 < size < self.world_size:
+                    override[name] = _options_with_timeout(device_type, timeout_s)
         mesh = init_device_mesh(
-            device_type, (self.replicate, self.shard), mesh_dim_names=MESH_DIM_NAMES
+            device_type,
+            (self.replicate, self.shard),
+            mesh_dim_names=MESH_DIM_NAMES,
+            backend_override=override or None,
         )
         log.info(
             "parallelism %s: mesh replicate=%d x shard=%d",
@@ -83,3 +96,13 @@ class ParallelDims:
             self.shard,
         )
         return mesh
+
+
+def _options_with_timeout(device_type: str, timeout_s: float) -> Any:
+    """Backend options that carry only a timeout (the mesh passes it on to ``new_group``)."""
+    if device_type == "cuda":
+        options: Any = dist.ProcessGroupNCCL.Options()
+    else:
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    options._timeout = timedelta(seconds=timeout_s)
+    return options

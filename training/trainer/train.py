@@ -1,5 +1,13 @@
 """The Trainer: one object that owns the process group, model, optimizer, input, checkpoints
-and metrics of a run, and the training loop."""
+and metrics of a run, and the training loop.
+
+A run ends in one of the outcomes of ``training.outcome``: finished (steps or epochs done, last
+checkpoint durable), stopped (a graceful stop with a durable checkpoint of the last step) or
+failed (the last checkpoint could not be saved; errors raise out of ``train``). Every wait for a
+peer is bounded: training collectives by ``HETERO_COLLECTIVE_TIMEOUT_S`` (default 60 s),
+checkpoint collectives, on a gloo group of their own, by ``HETERO_CHECKPOINT_TIMEOUT_S``
+(default 600 s).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import resource
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -23,7 +32,9 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from training.data import Batch
+from training.outcome import Outcome, RankOutcome
 from training.trainer.checkpoint import Checkpointer, Restored
+from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import TrainerConfig
 from training.trainer.inputs import BatchStream, DataInterrupted, EndOfData, build_stream
@@ -31,6 +42,7 @@ from training.trainer.metrics import Interval, MetricsLogger, RunFacts, peak_flo
 from training.trainer.model import build_model, training_flops_per_sample
 from training.trainer.parallel_dims import ParallelDims
 from training.trainer.parallelize import compile_blocks, parallelize
+from training.trainer.sample_log import SampleLog
 from training.trainer.signals import StopSignal
 
 log = logging.getLogger(__name__)
@@ -56,9 +68,10 @@ class DistEnv:
         )
 
 
-def init_distributed(env: DistEnv) -> tuple[torch.device, bool]:
+def init_distributed(env: DistEnv, timeout_s: float = 60.0) -> tuple[torch.device, bool]:
     """Join the process group (NCCL on GPU, gloo on CPU) unless already in one; returns the
-    device and whether this call created the group (and so must destroy it)."""
+    device and whether this call created the group (and so must destroy it). A collective
+    that waits for a peer longer than ``timeout_s`` fails (NCCL's default is 10-30 minutes)."""
     if torch.cuda.is_available():
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
@@ -67,28 +80,42 @@ def init_distributed(env: DistEnv) -> tuple[torch.device, bool]:
     if dist.is_initialized():
         return device, False
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if "MASTER_ADDR" not in os.environ and env.world_size == 1:
         # A single process without torchrun: an in-memory store, no port to open.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
     else:
         kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, **kwargs)
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
     return device, True
 
 
+def gloo_group(timeout_s: float) -> dist.ProcessGroup:
+    """A new CPU group over every rank whose collectives wait at most ``timeout_s`` (all ranks
+    must create it, in the same order)."""
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    assert isinstance(group, dist.ProcessGroup)
+    return group
+
+
 class Trainer:
-    """Trains ``config``'s model; ``train()`` returns the process exit code (0 on success and on
-    a graceful stop)."""
+    """Trains ``config``'s model; ``train()`` returns the process exit code of its outcome
+    (``self.outcome``): 0 finished, 75 stopped, 1 failed."""
 
     def __init__(self, config: TrainerConfig, *, stream: BatchStream | None = None) -> None:
         self.config = config
         self.env = DistEnv.from_environ()
-        self.device, self._owns_group = init_distributed(self.env)
+        timeouts = config.timeouts
+        self.device, self._owns_group = init_distributed(self.env, timeouts.collective_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.step = 0
+        self.outcome: RankOutcome | None = None
         self.dims = ParallelDims.resolve(
             config.parallel, world_size=self.world_size, local_world_size=self.env.local_world_size
         )
-        self.mesh = self.dims.build_mesh(self.device.type)
+        self.mesh = self.dims.build_mesh(self.device.type, timeout_s=timeouts.collective_s)
         self.autocast = config.bf16 and self.device.type == "cuda"
 
         model = build_model(config.model, seed=config.seed)
@@ -102,14 +129,24 @@ class Trainer:
         )
         self.stream = stream or build_stream(config, rank=self.rank, world_size=self.world_size)
         ckpt = config.checkpoint
+        # Checkpoint collectives on a gloo group of their own, with a longer timeout (a slow
+        # upload is not a lost peer); background saves' DCP collectives on another, so a
+        # background thread never shares a group with the loop.
         self.checkpointer = Checkpointer(
             ckpt.dir, keep=ckpt.keep, rank=self.rank, world_size=self.world_size,
             local_rank=self.env.local_rank,
             store=S3CheckpointStore(ckpt.s3_uri) if ckpt.s3_uri else None,
+            group=gloo_group(timeouts.checkpoint_s),
+            async_group=gloo_group(timeouts.checkpoint_s) if ckpt.async_save else None,
         )  # fmt: skip
-        # The stop flag is all-reduced every step: on a CPU group, so it never syncs the GPU.
-        group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
-        self.stop = StopSignal(group if isinstance(group, dist.ProcessGroup) else None).install()
+        self.checkpointer.check_shared_folder()
+        self.policy = CheckpointPolicy(
+            self.checkpointer, interval_steps=ckpt.interval_steps, async_save=ckpt.async_save,
+            final_retry_s=ckpt.final_save_retry_s,
+        )  # fmt: skip
+        # The step flags are all-reduced every step: on a CPU group, so they never sync the GPU.
+        flags_group = gloo_group(timeouts.collective_s) if self.device.type == "cuda" else None
+        self.stop = StopSignal(flags_group).install()
         # A stop request also ends a wait for data (the data servers may be stopping too).
         set_interrupt = getattr(self.stream, "set_interrupt", None)
         if set_interrupt is not None:
@@ -120,8 +157,12 @@ class Trainer:
         mean = torch.tensor(IMAGENET_DEFAULT_MEAN, device=self.device).view(1, 3, 1, 1)
         std = torch.tensor(IMAGENET_DEFAULT_STD, device=self.device).view(1, 3, 1, 1)
         self._mean, self._std = mean, std
-        self.step = 0
         self.restored: Restored | None = None
+        self.samples = (
+            SampleLog(config.sample_log_dir, rank=self.rank, world_size=self.world_size)
+            if config.sample_log_dir is not None
+            else None
+        )
         self.state_bytes: dict[str, int] = {}
         self.metrics = MetricsLogger(
             config.run_dir, self._facts(), rank=self.rank, device=self.device
@@ -152,6 +193,7 @@ class Trainer:
             log.info("no checkpoint in %s: starting at step 0", where)
             return
         self.step = self.restored.step
+        self.policy.resumed(self.step)
         positions = self.restored.data_state
         if self.restored.world_size == self.world_size and len(positions) == self.world_size:
             self.stream.load_state_dict(positions[self.rank])
@@ -212,8 +254,8 @@ class Trainer:
         return loss.detach()
 
     def train(self) -> int:
-        """Run until the step count, the epochs, ``--max-seconds`` or a stop signal; checkpoint
-        and write metrics. Returns 0."""
+        """Run until the step count, the epochs, ``--max-seconds`` or a stop signal;
+        checkpoint and write metrics. Sets ``self.outcome`` and returns its exit code."""
         c = self.config
         self.resume()
         start_step = self.step
@@ -221,7 +263,7 @@ class Trainer:
         interval = Interval()
         loss_sum = torch.zeros((), device=self.device)
         stopped_by = "steps"
-        last_saved = self.step
+        lr = self.lr_at(self.step + 1)
         while c.total_steps is None or self.step < c.total_steps:
             lr = self.lr_at(self.step + 1)
             for group in self.optimizer.param_groups:
@@ -229,6 +271,8 @@ class Trainer:
             data_state = self.stream.state_dict()  # the position before this step's batches
             void = False  # this rank was stopped while waiting for a batch
             step_loss = torch.zeros((), device=self.device)
+            step_ids: list[torch.Tensor] = []
+            epoch = self.stream.epoch
             try:
                 for micro in range(c.grad_accum_steps):
                     t0 = time.perf_counter()
@@ -239,6 +283,9 @@ class Trainer:
                         # collectives need this rank; the step is then not applied.
                         void, batch = True, self._blank
                     interval.data_wait_s += time.perf_counter() - t0
+                    if micro == 0:
+                        epoch = self.stream.epoch  # the epoch this step's first batch is from
+                    step_ids.append(batch.sample_ids)
                     step_loss += self._micro_step(batch, sync=micro == c.grad_accum_steps - 1)
             except EndOfData:
                 self.optimizer.zero_grad(set_to_none=True)  # A partial accumulation: dropped.
@@ -248,8 +295,8 @@ class Trainer:
             out_of_time = c.max_seconds is not None and elapsed >= c.max_seconds
             if out_of_time:
                 self.stop.request()
-            stop, any_void = self.stop.agree(void)
-            if any_void:
+            flags = self.stop.agree(void, save_busy=self.policy.busy)
+            if flags.void:
                 # A rank was stopped before it had this step's data: no rank applies the step,
                 # and the checkpoint keeps every rank's position from before it (no sample lost
                 # or repeated on resume).
@@ -258,6 +305,8 @@ class Trainer:
                 stopped_by = self.stop.signal_name or "peer"
                 log.info("stopped while waiting for data: step %d not applied", self.step + 1)
                 break
+            # A background save must have copied the state before the optimizer changes it.
+            stall = self.policy.before_update()
             self.optimizer.step()
             if self.step == start_step:
                 self.state_bytes = local_state_bytes(self.model, self.optimizer)
@@ -265,24 +314,23 @@ class Trainer:
             loss_sum += step_loss
             self.step += 1
             interval.steps += 1
-            last = stop or self.step == c.total_steps
+            if self.samples is not None:
+                self.samples.append(self.step, epoch, step_ids)
+            last = flags.stop or self.step == c.total_steps
             if self.step % c.log_every_steps == 0 or last:
                 self._log(interval, loss_sum, lr)
                 loss_sum.zero_()
                 interval.reset()
-            if stop:
+            if flags.stop:
                 stopped_by = self.stop.signal_name or ("max-seconds" if out_of_time else "peer")
                 break
-            if self.step % c.checkpoint.interval_steps == 0:
-                t0 = time.perf_counter()
-                self._save()
-                last_saved = self.step
-                interval.started += time.perf_counter() - t0  # Saving is not step time.
+            stall += self.policy.at_step(self.step, flags, self.model, self.optimizer, self._data())
+            interval.started += stall  # Saving is not step time.
+            interval.checkpoint_s += stall
         if interval.steps:
             self._log(interval, loss_sum, lr)
-        if self.step != last_saved:
-            self._save()
-        job_done = stopped_by in ("steps", "epochs")
+        final_error = self.policy.finish(self.step, self.model, self.optimizer, self._data())
+        self.outcome = self._outcome(stopped_by, final_error)
         memory = {**self.state_bytes, "peak_rss_bytes": peak_rss_bytes()}
         if self.device.type == "cuda":
             memory["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -293,6 +341,7 @@ class Trainer:
         summary = self.metrics.finish(
             {
                 "stopped_by": stopped_by,
+                "outcome": self.outcome.outcome.value,
                 "start_step": start_step,
                 "resumed_from": str(self.restored.path) if self.restored else None,
                 "wall_s": time.perf_counter() - started,
@@ -301,17 +350,40 @@ class Trainer:
                 "mesh": [self.dims.replicate, self.dims.shard],
                 "cluster_usd_per_hour": self.config.spec.usd_per_hour(),
                 "memory_per_rank": per_rank,
+                "checkpoint": self.policy.summary(),
             }
         )
         self.summary = summary
-        log.info("training stopped by %s at step %d", stopped_by, self.step)
+        log.info(
+            "training %s (%s) at step %d; newest checkpoint: step %s",
+            self.outcome.outcome.value, self.outcome.reason, self.step,
+            self.outcome.checkpoint_step,
+        )  # fmt: skip
         # Only the finished job ends the data servers; a Spot stop leaves them to the successor.
-        self.stream.close(job_done=job_done and self.rank == 0)
-        return 0
+        finished = self.outcome.outcome is Outcome.FINISHED
+        self.stream.close(job_done=finished and self.rank == 0)
+        return self.outcome.outcome.exit_code
 
-    def _save(self) -> None:
-        data = self._data_state if self._data_state is not None else self.stream.state_dict()
-        self.checkpointer.save(self.step, self.model, self.optimizer, data)
+    def _outcome(self, stopped_by: str, final_error: str | None) -> RankOutcome:
+        """Finished or stopped only with the last step durable; failed otherwise."""
+        if final_error is not None:
+            outcome = Outcome.FAILED
+            reason = f"{stopped_by}; last checkpoint (step {self.step}) not saved: {final_error}"
+        elif stopped_by in ("steps", "epochs"):
+            outcome, reason = Outcome.FINISHED, stopped_by
+        else:
+            outcome, reason = Outcome.STOPPED, stopped_by
+        return RankOutcome(
+            rank=self.rank,
+            outcome=outcome,
+            step=self.step,
+            checkpoint_step=self.policy.checkpoint_step,
+            reason=reason,
+        )
+
+    def _data(self) -> Any:
+        """The data position to checkpoint: after the last applied step."""
+        return self._data_state if self._data_state is not None else self.stream.state_dict()
 
     @property
     def _blank(self) -> Batch:
@@ -342,8 +414,12 @@ class Trainer:
         )  # fmt: skip
 
     def close(self) -> None:
-        """Leave the process group (if this trainer created it) and restore signal handlers."""
+        """Leave the process group (if this trainer created it), restore signal handlers, close
+        the sample log and stop the checkpoint upload thread."""
         self.stop.restore()
+        if self.samples is not None:
+            self.samples.close()
+        self.checkpointer.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
