@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from training.launcher import roles
 from training.launcher.peers import LOOPBACK
 from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
+from training.outcome import clear_outcomes, read_host_outcome
 from training.spec import ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -289,10 +290,18 @@ def _run_trainer(
         # threads, and oversubscribed ranks ran 4-5x slower per step on a 2-core machine.
         cores = os.cpu_count() or 1
         env["OMP_NUM_THREADS"] = str(max(1, cores // (n + len(servers))))
+    # torchrun reports any non-zero rank exit as 1; the ranks' outcome files tell a graceful
+    # stop (75: checkpointed, resumable) from a failure.
+    outcome_dir = run_dir / "outcome"
+    clear_outcomes(outcome_dir)
+    argv = (*cmd.argv, "--outcome-dir", str(outcome_dir))
     # The trainer writes to this console directly: its progress is the run's progress.
-    trainer = sup.start("trainer", cmd.argv, env=env, stop_workers=True)
+    trainer = sup.start("trainer", argv, env=env, stop_workers=True)
     # On Ctrl-C the trainer gets SIGTERM (checkpoint, exit) and the grace period to do it.
-    return sup.wait(trainer)
+    code = sup.wait(trainer)
+    if code is None or code == 0:
+        return code
+    return read_host_outcome(outcome_dir, n)[0].exit_code
 
 
 def _print_server_logs(logs: Path, lines: int = 20) -> None:
