@@ -28,6 +28,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.offload",
         "trainer on one core: local augmentation vs a data server on the other (target >= 1.8x)",
     ),
+    "checkpoint": (
+        "benchmarks.checkpoint",
+        "ViT-B/16 + AdamW: SIGTERM to durable checkpoint (local, S3), stall per save sync/async",
+    ),
     "trainer_memory": (
         "benchmarks.trainer_memory",
         "memory per rank, hsdp vs ddp, 4 CPU processes",

@@ -27,8 +27,10 @@ def bench_spec(
     log_every: int = 10,
     checkpoint_dir: str = "runs/bench/checkpoints",
     extra_parallel: dict[str, Any] | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> ClusterSpec:
-    """A one-trainer spec (priced as one g5.xlarge) for benchmarking the trainer alone."""
+    """A one-trainer spec (priced as one g5.xlarge) for benchmarking the trainer alone;
+    ``checkpoint`` adds to (or overrides) ``job.checkpoint`` (default: no periodic save)."""
     return parse_spec(
         {
             "name": "bench",
@@ -49,7 +51,11 @@ def bench_spec(
                 "log_every_steps": log_every,
                 "model": {"name": model, "overrides": overrides or {}},
                 "dataset": {"num_samples": 1 << 20, "num_classes": 1000, "image_size": image_size},
-                "checkpoint": {"interval_steps": 1 << 30, "dir": checkpoint_dir},
+                "checkpoint": {
+                    "interval_steps": 1 << 30,
+                    "dir": checkpoint_dir,
+                    **(checkpoint or {}),
+                },
                 "parallelism": {"strategy": strategy, **(extra_parallel or {})},
             },
         },

@@ -23,3 +23,23 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
     assert result["device"] == "cpu" and result["samples_per_s"] > 0
     assert result["mfu"] is None  # No peak-FLOPs figure for a CPU.
     assert result["machine"]["cpu_cores"] >= 1
+
+
+def test_checkpoint_benchmark_smoke(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "benchmarks", "checkpoint", "--model", "vit-cpu-tiny",
+        "--image-size", "32", "--saves", "2", "--interval", "2",
+    ]  # fmt: skip
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "checkpoint.json").read_text())
+    local, s3 = result["stop_to_durable"]
+    assert local["target"] == "local folder" and s3["target"].startswith("s3")
+    for stop in (local, s3):
+        assert 0 < stop["seconds"] < 60 and stop["checkpoint_mb"] > 0
+    sync, background = result["stall_per_save"]
+    assert (sync["mode"], background["mode"]) == ("sync", "async")
+    assert sync["saves"] == background["saves"] == 2
+    assert all(s > 0 for s in sync["stall_s"] + background["stall_s"])
+    assert result["machine"]["cpu_cores"] >= 1
