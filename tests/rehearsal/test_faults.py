@@ -83,6 +83,7 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
     toml.write_text(
         'name = "spot"\ninterrupt = ["trainer:1@10"]\nkill_data_server = "dataprep:0@12"\n'
         's3-outage = ["20:5"]\nnotice-seconds = 5\n[expect]\noutcome = "finished"\n'
+        "steps-lost-max = 4\n"
     )
     s = load_scenario(toml)
     assert s.name == "spot" and s.notice_seconds == 5.0
@@ -91,7 +92,7 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
         "kill-data-server dataprep:0@12",
         "s3-outage 20:5",
     ]
-    assert s.expect.expects_params_equal
+    assert s.expect.expects_params_equal and s.expect.steps_lost_max == 4
 
     js = tmp_path / "crash.json"
     js.write_text(json.dumps({"crash": ["trainer:0@3"], "expect": {"outcome": "failed"}}))
@@ -109,6 +110,7 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
         ('[expect]\noutcome = "maybe"', "'finished' or 'failed'"),
         ("[expect]\nspeed = 1", "unknown expect key"),
         ("notice-seconds = -1", "notice-seconds"),
+        ("[expect]\nsteps-lost-max = -1", "steps-lost-max"),
         ("interrupt = [", "not valid TOML"),
     ],
 )

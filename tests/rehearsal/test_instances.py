@@ -86,6 +86,7 @@ def test_trees_follow_instances(aws: AwsEmulator, small_spec: Path, tmp_path: Pa
         assert t0 and t1 and d0 and sim.instance("trainer", 2) is None
         wait_for(lambda: tree_size(t0) == 2 and tree_size(t1) == 2)
         assert "group trainer" in (t0.folder / "launcher.log").read_text()
+        assert t0.tmpdir is not None and t0.tmpdir.is_dir() and len(str(t0.tmpdir)) < 40
 
         # A launcher that exits by itself: an event with its code, the instance stays.
         wait_for(lambda: d0.exit_code == 7)
@@ -96,6 +97,7 @@ def test_trees_follow_instances(aws: AwsEmulator, small_spec: Path, tmp_path: Pa
         doomed = t0.live_processes()
         aws.terminate_instance(t0.instance_id)
         wait_for(lambda: t0.terminated)
+        assert t0.tmpdir is not None and not t0.tmpdir.exists()
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in doomed)
         wait_for(lambda: sim.instance("trainer", 2) is not None)
         replacement = sim.instance("trainer", 2)
@@ -113,6 +115,9 @@ def test_trees_follow_instances(aws: AwsEmulator, small_spec: Path, tmp_path: Pa
         sim.shutdown()
     kinds = [e.kind for e in events.events()]
     assert kinds.count("instance-launched") == 4 and kinds.count("instance-terminated") == 4
+    # Launchers killed with their instance did not exit by themselves: no exit event.
+    assert [e.data["code"] for e in events.events("launcher-exited")] == [7]
+    assert t0.killed and t0.exit_code is None and not d0.killed
 
 
 def test_launcher_command_and_environment(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ A scenario file holds the same lists under the flag names, plus optional expecta
     [expect]
     outcome = "finished"      # or "failed" (e.g. a trainer that keeps crashing)
     params-equal = true       # default: true when the expected outcome is "finished"
+    steps-lost-max = 4        # default: one checkpoint interval per trainer instance lost
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class Expectations:
     """The job record's outcome: ``finished`` or ``failed``."""
     params_equal: bool | None = None
     """Final parameters equal to an uninterrupted run's (None: expected when finished)."""
+    steps_lost_max: int | None = None
+    """Most steps the job may redo (None: a checkpoint interval per trainer instance lost)."""
 
     @property
     def expects_params_equal(self) -> bool:
@@ -128,6 +131,7 @@ class Scenario:
             "expect": {
                 "outcome": self.expect.outcome,
                 "params_equal": self.expect.expects_params_equal,
+                "steps_lost_max": self.expect.steps_lost_max,
             },
         }
 
@@ -217,10 +221,11 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
     if not isinstance(expect_raw, dict):
         raise FaultSyntaxError(f"{source}: expect must be a table (outcome, params-equal)")
     expect = {k.replace("_", "-"): v for k, v in expect_raw.items()}
-    unknown = set(expect) - {"outcome", "params-equal"}
+    unknown = set(expect) - {"outcome", "params-equal", "steps-lost-max"}
     if unknown:
         raise FaultSyntaxError(
-            f"{source}: unknown expect key(s) {sorted(unknown)}; use outcome, params-equal"
+            f"{source}: unknown expect key(s) {sorted(unknown)}; use outcome, params-equal, "
+            "steps-lost-max"
         )
     outcome = expect.get("outcome", "finished")
     if outcome not in ("finished", "failed"):
@@ -228,6 +233,13 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
     params_equal = expect.get("params-equal")
     if params_equal is not None and not isinstance(params_equal, bool):
         raise FaultSyntaxError(f"{source}: expect.params-equal must be true or false")
+    steps_lost_max = expect.get("steps-lost-max")
+    if steps_lost_max is not None and (
+        not isinstance(steps_lost_max, int)
+        or isinstance(steps_lost_max, bool)
+        or steps_lost_max < 0
+    ):
+        raise FaultSyntaxError(f"{source}: expect.steps-lost-max must be a whole number >= 0")
     notice = data.get("notice-seconds", data.get("notice_seconds"))
     if notice is not None and (not isinstance(notice, int | float) or notice < 0):
         raise FaultSyntaxError(f"{source}: notice-seconds must be a number >= 0")
@@ -235,7 +247,9 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
     return Scenario(
         name=str(name),
         faults=parse_faults(by_kind),
-        expect=Expectations(outcome=outcome, params_equal=params_equal),
+        expect=Expectations(
+            outcome=outcome, params_equal=params_equal, steps_lost_max=steps_lost_max
+        ),
         notice_seconds=float(notice) if notice is not None else None,
     )
 

@@ -273,9 +273,11 @@ class FaultInjector(threading.Thread):
             f"(step {rec.step_at_fire})",
             instance=run.instance_id,
         )
-        self._crash_workers()
+        # The injector's loop kills the workers from now on (see _crash_workers).
 
     def _crash_workers(self) -> None:
+        """SIGKILL every trainer worker now running on an instance with a firing crash fault
+        (called from the injector's loop only, so no worker is counted twice)."""
         for rec in self.records:
             if rec.fault.kind is not FaultKind.CRASH or rec.state != "firing":
                 continue

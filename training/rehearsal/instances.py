@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -127,6 +129,13 @@ def launcher_env(
     return env
 
 
+def instance_tmpdir(instance_id: str) -> Path:
+    """A fresh temporary folder for the instance (its ``TMPDIR``: an EC2 instance's /tmp is its
+    own). Short, under the system's temporary folder: Unix socket paths made in it (e.g.
+    multiprocessing's forkserver) must stay within ~100 characters."""
+    return Path(tempfile.mkdtemp(prefix=f"hr-{instance_id[-8:]}-"))
+
+
 def _cmdline(proc: psutil.Process) -> str:
     try:
         return " ".join(proc.cmdline())
@@ -216,8 +225,12 @@ class InstanceRun:
     popen: subprocess.Popen[bytes]
     log_file: IO[bytes]
     launched_t: float
+    tmpdir: Path | None = None
+    """The instance's ``TMPDIR`` (removed with the instance)."""
     exit_code: int | None = None
     """The launcher's exit code once it exited by itself."""
+    killed: bool = False
+    """The rehearsal SIGKILLed the launcher (a fault, or the instance's termination)."""
     terminated: bool = False
     terminated_t: float | None = None
     procs: dict[int, psutil.Process] = field(default_factory=dict)
@@ -333,6 +346,8 @@ class GroupSimulator(threading.Thread):
         log_file = open(folder / LAUNCHER_LOG, "ab")  # noqa: SIM115 - closed at termination
         argv = self.command(self.spec_path, imds.url, self.launcher_args)
         env = launcher_env(self.base_env, self.ctx, imds_url=imds.url, instance_id=inst.instance_id)
+        tmp = instance_tmpdir(inst.instance_id)
+        env["TMPDIR"] = str(tmp)
         try:
             popen = subprocess.Popen(
                 argv,
@@ -346,6 +361,7 @@ class GroupSimulator(threading.Thread):
         except OSError:
             imds.stop()
             log_file.close()
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
         run = InstanceRun(
             instance_id=inst.instance_id,
@@ -358,6 +374,7 @@ class GroupSimulator(threading.Thread):
             popen=popen,
             log_file=log_file,
             launched_t=self.events.elapsed(),
+            tmpdir=tmp,
         )
         self._runs[inst.instance_id] = run
         self.events.add(
@@ -390,7 +407,7 @@ class GroupSimulator(threading.Thread):
                     if self.on_worker_started is not None:
                         self.on_worker_started(run, proc.pid)
         code = run.popen.poll()
-        if code is not None and run.exit_code is None:
+        if code is not None and run.exit_code is None and not run.killed:
             run.exit_code = code
             self.events.add(
                 "launcher-exited",
@@ -405,11 +422,13 @@ class GroupSimulator(threading.Thread):
         self._track(run)  # an exit code that came just before the termination
         was_running = run.launcher_running
         self.kill_tree(run)
-        run.terminated = True
-        run.terminated_t = self.events.elapsed()
         run.imds.stop()
+        if run.tmpdir is not None:
+            shutil.rmtree(run.tmpdir, ignore_errors=True)
         with contextlib.suppress(OSError):
             run.log_file.close()
+        run.terminated_t = self.events.elapsed()
+        run.terminated = True
         self.events.add(
             "instance-terminated",
             f"{run.group}:{run.index} terminated ({why})"
@@ -426,9 +445,14 @@ class GroupSimulator(threading.Thread):
             procs = {p.pid: p for p in run.live_processes()}
             for p in marked_processes(self.ctx.run_id, run.instance_id):
                 procs.setdefault(p.pid, p)
+            if run.launcher_running:
+                run.killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.popen.pid, signal.SIGKILL)
-            kill_processes(list(procs.values()))
+            # The launcher is reaped by its Popen only: reaped elsewhere, Popen would report 0.
+            with contextlib.suppress(OSError):
+                run.popen.kill()
+            kill_processes([p for pid, p in procs.items() if pid != run.popen.pid])
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.popen.wait(timeout=5)
             return sorted(procs)
@@ -477,6 +501,8 @@ class GroupSimulator(threading.Thread):
         with self._lock:
             for run in self._runs.values():
                 self.kill_tree(run)
+                if run.tmpdir is not None:
+                    shutil.rmtree(run.tmpdir, ignore_errors=True)
                 if not run.terminated:
                     run.imds.stop()
                     with contextlib.suppress(OSError):

@@ -183,6 +183,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         final = audit.final_step(records)
         facts["final_step"] = final
         facts["final_checkpoint"] = _save_final_checkpoint(aws, names, out, final, events)
+        facts["s3_proxy"] = {"connections": proxy.connections, "reset": proxy.refused}
     finally:
         if injector is not None and injector.is_alive():
             injector.stop()
@@ -334,6 +335,7 @@ def _audit(
                 "launched_t": round(r.launched_t, 2),
                 "terminated_t": None if r.terminated_t is None else round(r.terminated_t, 2),
                 "launcher_exit_code": r.exit_code,
+                "launcher_killed": r.killed,
                 "trainer_workers_started": len(r.worker_starts),
                 "log": str(r.folder / "launcher.log"),
             }

@@ -9,7 +9,10 @@ Invariants, each ``{"ok": bool, "detail": str}`` in ``rehearsal.json``:
 - ``no_processes_left``: no process the rehearsal started (or a descendant) was alive at the end;
 - when the scenario expects the job to finish: ``final_step`` (the sample logs reach the spec's
   step count), ``samples_exactly_once`` (no sample lost or repeated in any epoch, no step
-  missing) and, when there is a baseline, ``params_equal`` (bitwise-equal final parameters).
+  missing), ``steps_lost_bounded`` (steps redone after rollbacks at most ``expect.steps-lost-max``,
+  by default one checkpoint interval per trainer instance lost: a notice is answered with a
+  checkpoint, a hard loss costs at most the steps since the last one) and, when there is a
+  baseline, ``params_equal`` (bitwise-equal final parameters).
 """
 
 from __future__ import annotations
@@ -17,8 +20,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from training.rehearsal.faults import Scenario
+from training.rehearsal.faults import FaultKind, Scenario
 from training.spec import ClusterSpec
+
+_TRAINER_LOSS = (FaultKind.INTERRUPT, FaultKind.REBALANCE, FaultKind.KILL)
+
+
+def steps_lost_bound(spec: ClusterSpec, scenario: Scenario) -> int:
+    """The most steps the scenario may redo (see the module docstring)."""
+    if scenario.expect.steps_lost_max is not None:
+        return scenario.expect.steps_lost_max
+    trainer = spec.trainer_group.name
+    losses = sum(1 for f in scenario.faults if f.kind in _TRAINER_LOSS and f.group == trainer)
+    return losses * spec.job.checkpoint.interval_steps
 
 
 def _check(ok: bool, detail: str) -> dict[str, Any]:
@@ -72,6 +86,11 @@ def invariants(
         else:
             detail = f"{len(epochs)} epoch(s), every planned sample exactly once"
         out["samples_exactly_once"] = _check(bool(epochs) and not bad and not missing, detail)
+        bound = steps_lost_bound(spec, scenario)
+        lost = facts.get("steps_lost", 0)
+        out["steps_lost_bounded"] = _check(
+            lost <= bound, f"{lost} step(s) redone after rollbacks; at most {bound} expected"
+        )
     if baseline is not None and scenario.expect.expects_params_equal:
         cmp = facts.get("params_comparison") or {}
         out["params_equal"] = _check(

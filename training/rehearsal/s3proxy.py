@@ -42,7 +42,9 @@ class SwitchableProxy:
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self.connections = 0
+        """Connections forwarded."""
         self.refused = 0
+        """Connections reset at once because S3 was down."""
 
     @property
     def url(self) -> str:
