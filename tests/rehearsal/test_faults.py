@@ -135,3 +135,19 @@ def test_faults_are_checked_against_the_spec() -> None:
     assert "no group 'gpu'" in problems[0]
     assert "crash needs a trainer group" in problems[1]
     assert "kill-data-server needs a dataprep group" in problems[2]
+
+
+def test_the_cli_refuses_bad_faults_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.cli import main
+
+    spec = str(REPO / "specs" / "rehearsal.toml")
+    out = str(tmp_path / "out")
+    assert main(["rehearse", "--spec", spec, "--out", out, "--interrupt", "trainer@3"]) == 2
+    assert INSTANCE_FORM in capsys.readouterr().err
+    assert main(["rehearse", "--spec", spec, "--out", out, "--s3-outage", "3"]) == 2
+    assert OUTAGE_FORM in capsys.readouterr().err
+    assert main(["rehearse", "--spec", spec, "--out", out, "--crash", "dataprep:0@3"]) == 2
+    assert "crash needs a trainer group" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -247,8 +247,8 @@ def _watch(
         else:
             quiet_since = None
         if time.monotonic() >= deadline:
-            events.add("timeout", f"the rehearsal ran out of time ({options.timeout_s:g}s)")
-            return f"timed out after {options.timeout_s:g}s", True
+            events.add("timeout", f"the rehearsal ran out of time ({options.timeout_s:.0f}s)")
+            return f"timed out after {options.timeout_s:.0f}s", True
 
 
 def _save_final_checkpoint(
