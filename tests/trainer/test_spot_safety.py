@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import re
 import signal
 import time
 from datetime import timedelta
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as torch_mp
 from torch import nn
 
@@ -57,7 +57,7 @@ def planned_ids(seed: int, rank: int, world: int, step: int, num_samples: int = 
 
 @pytest.mark.timeout(300)
 def test_sigusr1_on_one_rank_saves_the_same_step_everywhere_and_training_goes_on(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path,
 ) -> None:
     steps = 150
     spec = write_spec(tmp_path, steps=steps, interval=100_000, batch_size=BATCH)
@@ -72,18 +72,22 @@ def test_sigusr1_on_one_rank_saves_the_same_step_everywhere_and_training_goes_on
         job.signal(signal.SIGUSR1, ranks=[1])  # a rebalance recommendation on rank 1 only
     finally:
         codes = job.wait(240)
-    out = capfd.readouterr().err
-    assert codes == [0, 0], out[-4000:]
-    said = {
-        int(r): int(s)
-        for r, s in re.findall(r"\[rank (\d)\] \S+: checkpoint requested .*saving step (\d+)", out)
-    }
-    assert said.keys() == {0, 1} and said[0] == said[1], said
-    requested = said[0]
-    assert 3 <= requested < steps  # not an interval step (interval 100000), not the last
+    assert codes == [0, 0]
     ckpts = tmp_path / "checkpoints"
+    requested = step_dirs(ckpts)[0][0]
+    assert 3 <= requested < steps  # not an interval step (interval 100000), not the last
     assert [s for s, _ in step_dirs(ckpts)] == [requested, steps]
     assert all((p / MARKER).is_file() for _, p in step_dirs(ckpts))
+    # Both ranks saved that step: each wrote its shard into it, and each rank's data position
+    # in it is the one after that step.
+    assert {"__0_0.distcp", "__1_0.distcp"} <= {
+        p.name for p in (ckpts / f"step-{requested}").iterdir()
+    }
+    train = {"step": 0, "world_size": 0, "data": ""}
+    dcp.load({"train": train}, checkpoint_id=str(ckpts / f"step-{requested}"))
+    epoch, batch = divmod(requested, 64)  # 64 batches per rank and epoch
+    assert train["step"] == requested and train["world_size"] == 2
+    assert json.loads(str(train["data"])) == [{"epoch": epoch, "batch": batch}] * 2
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == steps and summary["stopped_by"] == "steps"
     assert [(r["step"], r["reason"], r["saved"]) for r in summary["checkpoint"]["saves"]] == [
