@@ -2,6 +2,9 @@
 
 Modules by concern: ``config`` (typed settings from the spec), ``parallel_dims`` (degrees and
 the 2-D mesh), ``parallelize`` (DDP / FSDP2 / HSDP), ``model`` (timm factory), ``inputs``
-(data plane, local DataLoader, synthetic), ``checkpoint`` (DCP ``step-N/`` folders),
-``metrics``, ``signals`` (graceful stop) and ``train`` (the Trainer and its loop).
+(data plane, local DataLoader, synthetic), ``checkpoint`` (DCP ``step-N/`` folders, local or
+S3), ``checkpoint_policy`` (when and how to save, failed saves, background saves),
+``sample_log`` (sample ids per applied step), ``metrics``, ``signals`` (stop and checkpoint
+requests, agreed per step) and ``train`` (the Trainer and its loop). Exit codes and outcome
+files: ``training.outcome``.
 """
