@@ -65,9 +65,9 @@ class Child:
         """Deliver a stop signal: to the process group, or to the ranks under ``stop_workers``.
 
         torchrun answers SIGTERM by signalling each rank's whole process group (DataLoader
-        workers included, which then die mid-batch) and exits non-zero even when the ranks stop
-        cleanly. Signalling the ranks directly lets them checkpoint and exit 0, and torchrun
-        then exits 0 as it does for any finished run.
+        workers included, which then die mid-batch). Signalling the ranks directly lets them
+        checkpoint and exit "stopped" (75); torchrun then exits 1, and each rank's outcome file
+        (``training.outcome``) tells the launcher that the ranks stopped rather than failed.
         """
         if self.stop_workers:
             try:
