@@ -126,6 +126,7 @@ def test_launcher_command_and_environment(tmp_path: Path) -> None:
     argv = launcher_argv(tmp_path / "s.toml", "http://127.0.0.1:1234")
     assert argv[1:4] == ["-m", "training.cli", "launch"]
     assert argv[argv.index("--spot-poll") + 1] == "0.5"
+    assert "--group" not in argv and "--imds-url" not in argv  # both found through IMDS / env
     names = ClusterNames(
         cluster="c",
         region="us-east-1",

@@ -73,7 +73,9 @@ _DROPPED_ENV = (
 
 
 def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> list[str]:
-    """The instance's entry point, as the image runs it (one place to add flags)."""
+    """The instance's entry point, as the image runs it (one place to add flags). The IMDS
+    endpoint is not a flag: the launcher finds it in ``AWS_EC2_METADATA_SERVICE_ENDPOINT``, as
+    boto3 does (``launcher_env``)."""
     return [
         sys.executable,
         "-m",
@@ -83,8 +85,6 @@ def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> 
         str(spec_path),
         "--spot-poll",
         str(SPOT_POLL_S),
-        "--imds-url",
-        imds_url,
         *extra,
     ]
 
