@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import shlex
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -55,7 +56,13 @@ EXIT_CONFIG = 2
 EXIT_PEERS = 3
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 SAGEMAKER_OUTPUT_DIR = "/opt/ml/output/data"
-CHECKPOINT_CACHE = "/tmp/hetero/checkpoints"
+
+
+def checkpoint_staging_dir() -> str:
+    """This host's staging folder for checkpoint shards on their way to S3: under the temporary
+    folder (``TMPDIR``, else ``/tmp``), never in a run folder that SageMaker would upload.
+    Hosts that share a machine (``hetero rehearse``) must give each its own ``TMPDIR``."""
+    return str(Path(tempfile.gettempdir()) / "hetero" / "checkpoints")
 
 
 class Backend(StrEnum):
@@ -213,7 +220,7 @@ def make_plan(
     checkpoint_s3_uri: str | None = None
     checkpoint_dir: str | None = None
     if uri.startswith("s3://"):
-        checkpoint_s3_uri, checkpoint_dir = uri, CHECKPOINT_CACHE
+        checkpoint_s3_uri, checkpoint_dir = uri, checkpoint_staging_dir()
     elif uri:
         checkpoint_dir = uri
     elif backend is Backend.SAGEMAKER:
