@@ -36,6 +36,16 @@ REPO = Path(__file__).resolve().parents[2]
         ),
         ("crash", "trainer:1@0", Fault(FaultKind.CRASH, Trigger(step=0), "trainer", 1)),
         (
+            "kill-in-save",
+            "trainer:1@6",
+            Fault(FaultKind.KILL_IN_SAVE, Trigger(step=6), "trainer", 1),
+        ),
+        (
+            "kill_in_save",
+            "trainer:2@40s",
+            Fault(FaultKind.KILL_IN_SAVE, Trigger(seconds=40.0), "trainer", 2),
+        ),
+        (
             "kill-data-server",
             "dataprep:0@5",
             Fault(FaultKind.KILL_DATA_SERVER, Trigger(step=5), "dataprep", 0),
@@ -54,6 +64,14 @@ def test_bad_instance_faults_name_the_form(text: str) -> None:
         parse_instance_fault("interrupt", text)
     assert "--interrupt" in str(e.value)
     assert INSTANCE_FORM in str(e.value) or "whole number" in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["trainer:1", "trainer@6", "trainer:1@6.5", "trainer:-1@6", "8"])
+def test_bad_kill_in_save_names_its_flag_and_the_form(text: str) -> None:
+    with pytest.raises(FaultSyntaxError) as e:
+        parse_instance_fault("kill-in-save", text)
+    assert f"--kill-in-save {text!r}" in str(e.value)
+    assert INSTANCE_FORM in str(e.value)
 
 
 def test_outages_parse_and_bad_ones_name_the_form() -> None:
@@ -94,6 +112,12 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
     ]
     assert s.expect.expects_params_equal and s.expect.steps_lost_max == 4
 
+    kis = tmp_path / "cut.toml"
+    kis.write_text('kill-in-save = "trainer:1@6"\n')
+    s = load_scenario(kis)
+    assert [f.describe() for f in s.faults] == ["kill-in-save trainer:1@6"]
+    assert s.faults[0].kind is FaultKind.KILL_IN_SAVE
+
     js = tmp_path / "crash.json"
     js.write_text(json.dumps({"crash": ["trainer:0@3"], "expect": {"outcome": "failed"}}))
     s = load_scenario(js)
@@ -129,12 +153,15 @@ def test_faults_are_checked_against_the_spec() -> None:
         parse_instance_fault("interrupt", "gpu:0@1"),
         parse_instance_fault("crash", "dataprep:0@1"),
         parse_instance_fault("kill-data-server", "trainer:0@1"),
+        parse_instance_fault("kill-in-save", "dataprep:0@6"),
     ]
     problems = check_against_spec(bad, spec)
-    assert len(problems) == 3
+    assert len(problems) == 4
     assert "no group 'gpu'" in problems[0]
     assert "crash needs a trainer group" in problems[1]
     assert "kill-data-server needs a dataprep group" in problems[2]
+    assert "kill-in-save needs a trainer group, 'dataprep' is not" in problems[3]
+    assert check_against_spec([parse_instance_fault("kill-in-save", "trainer:1@6")], spec) == []
 
 
 def test_the_cli_refuses_bad_faults_before_starting_anything(
@@ -150,4 +177,8 @@ def test_the_cli_refuses_bad_faults_before_starting_anything(
     assert OUTAGE_FORM in capsys.readouterr().err
     assert main(["rehearse", "--spec", spec, "--out", out, "--crash", "dataprep:0@3"]) == 2
     assert "crash needs a trainer group" in capsys.readouterr().err
+    assert main(["rehearse", "--spec", spec, "--out", out, "--kill-in-save", "trainer:1"]) == 2
+    assert f"--kill-in-save 'trainer:1': expected {INSTANCE_FORM}" in capsys.readouterr().err
+    assert main(["rehearse", "--spec", spec, "--out", out, "--kill-in-save", "dataprep:0@6"]) == 2
+    assert "kill-in-save needs a trainer group" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -90,4 +90,6 @@ def test_steps_lost_bound() -> None:
         )
     )
     assert steps_lost_bound(SPEC, two) == 2 * interval
+    cut = Scenario(faults=(parse_instance_fault("kill-in-save", "trainer:1@6"),))
+    assert steps_lost_bound(SPEC, cut) == interval  # back to the checkpoint before the cut one
     assert steps_lost_bound(SPEC, Scenario(expect=Expectations(steps_lost_max=9))) == 9

@@ -58,11 +58,12 @@ SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 SAGEMAKER_OUTPUT_DIR = "/opt/ml/output/data"
 
 
-def checkpoint_staging_dir() -> str:
+def checkpoint_staging_dir(tmpdir: str | Path | None = None) -> str:
     """This host's staging folder for checkpoint shards on their way to S3: under the temporary
     folder (``TMPDIR``, else ``/tmp``), never in a run folder that SageMaker would upload.
-    Hosts that share a machine (``hetero rehearse``) must give each its own ``TMPDIR``."""
-    return str(Path(tempfile.gettempdir()) / "hetero" / "checkpoints")
+    Hosts that share a machine (``hetero rehearse``) must give each its own ``TMPDIR``;
+    ``tmpdir`` names another host's (the rehearsal watches an instance's staging folder)."""
+    return str(Path(tmpdir or tempfile.gettempdir()) / "hetero" / "checkpoints")
 
 
 class Backend(StrEnum):

@@ -16,16 +16,24 @@ only as far as its steps went.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from training.rehearsal.samples import SampleRecord
 from training.spec import ClusterSpec
 
 _EXAMPLES = 10
+_RESUMED_RE = re.compile(
+    # training/trainer/checkpoint.py logs "resumed from PATH (step N) in Ss"; the trainer's log
+    # format (training/trainer/__main__.py) starts each line "ASCTIME LEVEL [rank R] LOGGER: ".
+    r"(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \w+ \[rank 0\] "
+    r"training\.trainer\.checkpoint: resumed from (?P<path>\S+) \(step (?P<step>\d+)\)"
+)
 
 
 class Layout(StrEnum):
@@ -180,3 +188,26 @@ def recovery_seconds(
     resumed = min(starts)
     after = [r.time for r in records if r.time >= resumed]
     return min(after) - notice_wall if after else None
+
+
+def resumes(logs: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every resume of the job from a checkpoint, in order: rank 0's "resumed from ... (step N)"
+    lines in the instances' launcher logs (one per generation that loaded a checkpoint), each
+    ``{"time", "step", "path", "log"}``, sorted by the line's time (ties: log, line order)."""
+    found: list[tuple[str, str, int, dict[str, Any]]] = []
+    for log_path in logs:
+        try:
+            text = log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        for n, line in enumerate(text.splitlines()):
+            m = _RESUMED_RE.search(line)
+            if m:
+                entry = {
+                    "time": m["time"],
+                    "step": int(m["step"]),
+                    "path": m["path"],
+                    "log": str(log_path),
+                }
+                found.append((m["time"], str(log_path), n, entry))
+    return [entry for *_, entry in sorted(found, key=lambda f: f[:3])]

@@ -17,6 +17,7 @@ from training.rehearsal.faults import (
     merge,
     parse_instance_fault,
 )
+from training.rehearsal.injector import SAVE_WATCH_S
 from training.rehearsal.rehearse import DEFAULT_NOTICE_S, DEFAULT_TIMEOUT_S, RehearsalOptions
 from training.spec import load_spec
 
@@ -29,6 +30,10 @@ _FAULT_HELP = {
     FaultKind.KILL: "SIGKILL the instance's processes and terminate it (hard loss)",
     FaultKind.CRASH: "SIGKILL the trainer worker on the instance every time it runs from then "
     "on (exhausts the restart budget)",
+    FaultKind.KILL_IN_SAVE: "from STEP on, watch a trainer instance's checkpoint staging "
+    "folder and, as soon as a checkpoint write is in progress there (step-N.partial), SIGKILL "
+    f"its processes and terminate it (a hard loss mid-save; skipped when no write starts within "
+    f"{SAVE_WATCH_S:g} s)",
     FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",
 }
 

@@ -41,6 +41,10 @@ class FaultKind(StrEnum):
     """SIGKILL the instance's whole process tree and terminate it (a hard loss)."""
     CRASH = "crash"
     """SIGKILL the trainer worker on the instance every time it runs, from STEP on."""
+    KILL_IN_SAVE = "kill-in-save"
+    """From STEP on, watch a trainer instance's checkpoint staging folder; as soon as a write is
+    in progress there (a ``step-N.partial`` folder), SIGKILL its whole process tree and
+    terminate it (a hard loss in the middle of a checkpoint write)."""
     KILL_DATA_SERVER = "kill-data-server"
     """SIGKILL the ``hetero serve`` tree of a dataprep instance and terminate the instance."""
     S3_OUTAGE = "s3-outage"
@@ -279,8 +283,10 @@ def check_against_spec(faults: Sequence[Fault], spec: ClusterSpec) -> list[str]:
                 f"{f.describe()}: the spec has no group {f.group!r} (it has {', '.join(groups)})"
             )
             continue
-        if f.kind is FaultKind.CRASH and group.role is not Role.TRAINER:
-            problems.append(f"{f.describe()}: crash needs a trainer group, {f.group!r} is not")
+        if f.kind in (FaultKind.CRASH, FaultKind.KILL_IN_SAVE) and group.role is not Role.TRAINER:
+            problems.append(
+                f"{f.describe()}: {f.kind.value} needs a trainer group, {f.group!r} is not"
+            )
         if f.kind is FaultKind.KILL_DATA_SERVER and group.role is not Role.DATAPREP:
             problems.append(
                 f"{f.describe()}: kill-data-server needs a dataprep group, {f.group!r} is not"

@@ -9,6 +9,11 @@
   ``Terminated``, the rehearsal waits (at most the notice seconds) for its launcher to exit,
   then TerminateInstanceInAutoScalingGroup with ShouldDecrementDesiredCapacity=True.
 - ``kill``: SIGKILL the whole process tree, then TerminateInstances (a hard loss, replaced).
+- ``kill-in-save``: from the trigger on, watch the trainer instance's checkpoint staging folder
+  (``<its TMPDIR>/hetero/checkpoints``) every few tens of milliseconds; as soon as a
+  ``step-N.partial`` folder is there (a checkpoint write in progress), SIGKILL the whole tree,
+  note N and the newest complete checkpoint in S3, then TerminateInstances. No write within
+  ``save_watch_s`` (or the instance gone first): the fault is skipped, with the reason.
 - ``crash``: from the trigger on, every trainer worker that runs on the instance is SIGKILLed
   (a trainer that keeps crashing: the launcher's restart budget runs out).
 - ``kill-data-server``: SIGKILL the ``hetero serve`` tree of a dataprep instance, then
@@ -23,13 +28,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
 
+from training.launcher.launch import checkpoint_staging_dir
 from training.rehearsal.aws import AwsEmulator, ClusterNames
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import Fault, FaultKind
@@ -41,16 +50,73 @@ from training.rehearsal.instances import (
 )
 from training.rehearsal.s3proxy import SwitchableProxy
 from training.rehearsal.samples import StepWatcher
+from training.trainer.checkpoint_s3 import S3CheckpointStore
 
 log = logging.getLogger(__name__)
 
 REBALANCE_DELAY_S = 3.0
 """Seconds between the replacement's launch and the at-risk instance's move to Terminated."""
 MAX_CRASH_KILLS = 50
+SAVE_WATCH_S = 120.0
+"""kill-in-save: how long to wait for a checkpoint write to start before giving up."""
+SAVE_POLL_S = 0.025
+"""kill-in-save: how often the staging folder is looked at (a tiny model's write is short)."""
+_PARTIAL_RE = re.compile(r"^step-(\d+)\.partial$")
 
 
 def _pid_in(pids: set[int], proc: psutil.Process) -> bool:
     return proc.pid in pids
+
+
+def partial_steps(staging: Path) -> list[int]:
+    """Steps whose write is in progress in ``staging`` (``step-N.partial`` folders), sorted."""
+    try:
+        entries = list(staging.iterdir())
+    except OSError:  # Not made yet (no save so far), or removed with its instance.
+        return []
+    return sorted(int(m[1]) for p in entries if (m := _PARTIAL_RE.match(p.name)) and p.is_dir())
+
+
+@dataclass(frozen=True)
+class SaveWatch:
+    """How a watch for a checkpoint write ended."""
+
+    cut_step: int | None
+    """The step being written when ``on_write`` ran (None: it never ran)."""
+    reason: str
+    waited_s: float
+
+
+def watch_save(
+    staging: Path,
+    on_write: Callable[[int], None],
+    *,
+    timeout_s: float = SAVE_WATCH_S,
+    poll_s: float = SAVE_POLL_S,
+    stop_reason: Callable[[], str | None] = lambda: None,
+) -> SaveWatch:
+    """Look at ``staging`` every ``poll_s`` until a ``step-N.partial`` folder is there, then
+    call ``on_write(N)`` (the newest N if several) at once. Gives up after ``timeout_s``, or
+    when ``stop_reason()`` returns a reason (the instance is gone, the rehearsal stops)."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    while True:
+        steps = partial_steps(staging)
+        if steps:
+            on_write(steps[-1])
+            return SaveWatch(
+                steps[-1], f"step-{steps[-1]}.partial in {staging}", time.monotonic() - started
+            )
+        why = stop_reason()
+        if why is not None:
+            return SaveWatch(None, why, time.monotonic() - started)
+        if time.monotonic() >= deadline:
+            return SaveWatch(
+                None,
+                f"no checkpoint write started in {staging} within {timeout_s:g}s",
+                time.monotonic() - started,
+            )
+        time.sleep(poll_s)
 
 
 @dataclass
@@ -69,8 +135,26 @@ class FaultRecord:
     kills: int = 0
     detail: str = ""
     killed_pids: set[int] = field(default_factory=set)
+    cut_step: int | None = None
+    """kill-in-save: the step whose checkpoint write was cut (its ``step-N.partial``)."""
+    newest_complete_at_kill: int | None = None
+    """kill-in-save: the newest step with a ``COMPLETE`` marker in S3 right after the kill."""
+    partial_at_kill: bool | None = None
+    """kill-in-save: ``step-N.partial`` was still there once the tree was dead (the kill landed
+    inside the write, not after it was renamed into place)."""
+    watch_started_t: float | None = None
+    """kill-in-save: when the watch began (``fired_t``, ``fired_wall`` and ``step_at_fire`` are
+    the kill's)."""
 
     def to_json(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.fault.kind is FaultKind.KILL_IN_SAVE:
+            extra = {
+                "cut_step": self.cut_step,
+                "newest_complete_at_kill": self.newest_complete_at_kill,
+                "partial_at_kill": self.partial_at_kill,
+                "watch_started_t": self.watch_started_t,
+            }
         return {
             "fault": self.fault.describe(),
             "kind": self.fault.kind.value,
@@ -82,6 +166,7 @@ class FaultRecord:
             "terminated_t": self.terminated_t,
             "kills": self.kills,
             "detail": self.detail,
+            **extra,
         }
 
 
@@ -99,6 +184,8 @@ class FaultInjector(threading.Thread):
         notice_s: float,
         poll_s: float = 0.2,
         rebalance_delay_s: float = REBALANCE_DELAY_S,
+        save_watch_s: float = SAVE_WATCH_S,
+        save_poll_s: float = SAVE_POLL_S,
     ) -> None:
         super().__init__(name="fault-injector", daemon=True)
         self.records = [FaultRecord(f) for f in faults]
@@ -111,6 +198,8 @@ class FaultInjector(threading.Thread):
         self.notice_s = notice_s
         self.poll_s = poll_s
         self.rebalance_delay_s = rebalance_delay_s
+        self.save_watch_s = save_watch_s
+        self.save_poll_s = save_poll_s
         self._stopped = threading.Event()
         self._helpers: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -169,6 +258,7 @@ class FaultInjector(threading.Thread):
             FaultKind.INTERRUPT: self._interrupt,
             FaultKind.REBALANCE: self._rebalance,
             FaultKind.KILL: self._kill,
+            FaultKind.KILL_IN_SAVE: self._kill_in_save,
             FaultKind.CRASH: self._crash,
             FaultKind.KILL_DATA_SERVER: self._kill_data_server,
             FaultKind.S3_OUTAGE: self._s3_outage,
@@ -252,6 +342,68 @@ class FaultInjector(threading.Thread):
             "fault",
             f"{rec.fault.describe()}: SIGKILL {len(pids)} process(es) at step {rec.step_at_fire}",
             instance=run.instance_id,
+        )
+        self._terminate(rec, run)
+
+    def _kill_in_save(self, rec: FaultRecord, run: InstanceRun | None) -> None:
+        assert run is not None
+        desc = rec.fault.describe()
+        if run.tmpdir is None:
+            raise RuntimeError(f"{run.instance_id} has no TMPDIR of its own to watch")
+        staging = Path(checkpoint_staging_dir(run.tmpdir))
+        rec.watch_started_t = rec.fired_t
+        self.events.add(
+            "fault",
+            f"{desc}: watching {staging} for a checkpoint write from step {rec.step_at_fire} "
+            f"(at most {self.save_watch_s:g}s)",
+            instance=run.instance_id,
+        )
+        killed: list[int] = []
+
+        def kill(step: int) -> None:
+            killed.extend(self.simulator.kill_tree(run))
+            rec.fired_t, rec.fired_wall = self.events.elapsed(), time.time()
+            rec.step_at_fire = self.steps.current_step()
+            # Before TerminateInstances: the simulator removes the TMPDIR with the instance.
+            rec.partial_at_kill = (staging / f"step-{step}.partial").is_dir()
+
+        def stop_reason() -> str | None:
+            if self._stopped.is_set():
+                return "the rehearsal stopped first"
+            if run.terminated:
+                return "the instance was terminated first"
+            return None
+
+        watch = watch_save(
+            staging,
+            kill,
+            timeout_s=self.save_watch_s,
+            poll_s=self.save_poll_s,
+            stop_reason=stop_reason,
+        )
+        if watch.cut_step is None:
+            with self._lock:
+                rec.state = "skipped"
+            rec.detail = f"not fired: {watch.reason}"
+            self.events.add("fault-skipped", f"{desc}: {rec.detail}", instance=run.instance_id)
+            return
+        rec.cut_step = watch.cut_step
+        store = S3CheckpointStore(self.names.checkpoint_uri, client=self.aws.client("s3"))
+        rec.newest_complete_at_kill = store.latest_complete()
+        where = "inside" if rec.partial_at_kill else "just after (the folder was renamed by then)"
+        rec.detail = (
+            f"cut the write of step {rec.cut_step} {where}; newest complete checkpoint in S3: "
+            f"{rec.newest_complete_at_kill}"
+        )
+        self.events.add(
+            "fault",
+            f"{desc}: SIGKILL {len(killed)} process(es) {watch.waited_s:.1f}s into the watch, "
+            f"{where} the write of step {rec.cut_step}; newest complete checkpoint in S3: "
+            f"step {rec.newest_complete_at_kill}",
+            instance=run.instance_id,
+            cut_step=rec.cut_step,
+            newest_complete_at_kill=rec.newest_complete_at_kill,
+            partial_at_kill=rec.partial_at_kill,
         )
         self._terminate(rec, run)
 

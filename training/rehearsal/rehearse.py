@@ -27,7 +27,12 @@ from training.rehearsal.aws import AwsEmulator, ClusterNames, region_for
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import FaultKind, Scenario
 from training.rehearsal.injector import FaultInjector, FaultRecord
-from training.rehearsal.instances import GroupSimulator, InstanceContext, InstanceRun
+from training.rehearsal.instances import (
+    LAUNCHER_LOG,
+    GroupSimulator,
+    InstanceContext,
+    InstanceRun,
+)
 from training.rehearsal.s3proxy import SwitchableProxy
 from training.rehearsal.samples import StepWatcher, read_sample_logs
 from training.spec import ClusterSpec, load_spec
@@ -50,6 +55,7 @@ _INSTANCE_LOSS = (
     FaultKind.INTERRUPT,
     FaultKind.REBALANCE,
     FaultKind.KILL,
+    FaultKind.KILL_IN_SAVE,
     FaultKind.KILL_DATA_SERVER,
 )
 
@@ -310,6 +316,7 @@ def _audit(
             }
         )
     counts = {g.name: g.count for g in spec.groups}
+    resumes = audit.resumes(r.folder / LAUNCHER_LOG for r in runs)
     return {
         "faults": [r.to_json() for r in fault_records],
         "interruptions": interruptions,
@@ -337,10 +344,12 @@ def _audit(
                 "launcher_exit_code": r.exit_code,
                 "launcher_killed": r.killed,
                 "trainer_workers_started": len(r.worker_starts),
-                "log": str(r.folder / "launcher.log"),
+                "log": str(r.folder / LAUNCHER_LOG),
             }
             for r in runs
         ],
+        "resumes": resumes,
+        "resumed_from_steps": [e["step"] for e in resumes],
         "sample_records": len(records),
         "steps_lost": audit.steps_redone(records),
         "steps_missing": audit.steps_missing(records),

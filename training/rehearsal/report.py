@@ -23,7 +23,7 @@ from typing import Any
 from training.rehearsal.faults import FaultKind, Scenario
 from training.spec import ClusterSpec
 
-_TRAINER_LOSS = (FaultKind.INTERRUPT, FaultKind.REBALANCE, FaultKind.KILL)
+_TRAINER_LOSS = (FaultKind.INTERRUPT, FaultKind.REBALANCE, FaultKind.KILL, FaultKind.KILL_IN_SAVE)
 
 
 def steps_lost_bound(spec: ClusterSpec, scenario: Scenario) -> int:
@@ -102,6 +102,16 @@ def invariants(
     return out
 
 
+def _save_cut(fault: dict[str, Any]) -> str:
+    """A kill-in-save fault's row: which write it cut, or why it did not fire."""
+    if fault.get("cut_step") is None:
+        return str(fault.get("detail") or fault.get("state"))
+    return (
+        f"cut the write of step {fault['cut_step']}; newest complete checkpoint at the kill: "
+        f"{fault.get('newest_complete_at_kill')}"
+    )
+
+
 def render(facts: dict[str, Any]) -> None:
     """The summary table on the console (rich)."""
     from rich.console import Console
@@ -119,12 +129,18 @@ def render(facts: dict[str, Any]) -> None:
         ("final step", f"{facts.get('final_step')} of {facts['spec'].get('steps')}"),
         ("steps redone (lost)", str(facts.get("steps_lost"))),
         ("recovery seconds", str(facts.get("recovery_seconds") or "-")),
+        ("resumed from steps", str(facts.get("resumed_from_steps") or "-")),
         ("replacements", str(len(facts.get("replacements", [])))),
         ("samples lost / epoch", str(facts.get("samples_lost"))),
         ("samples repeated / epoch", str(facts.get("samples_repeated"))),
         ("params equal baseline", str(facts.get("params_equal_uninterrupted"))),
         ("groups desired at end", str(facts.get("groups_desired_at_end"))),
         ("processes left", str(len(facts.get("processes_left", [])))),
+    ]
+    rows += [
+        (f["fault"], _save_cut(f))
+        for f in facts.get("faults", [])
+        if f.get("kind") == FaultKind.KILL_IN_SAVE.value
     ]
     for k, v in rows:
         table.add_row(k, v)
