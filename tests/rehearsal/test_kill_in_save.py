@@ -181,7 +181,7 @@ def test_the_injector_cuts_the_write_and_records_the_newest_complete_step(
     later(0.2, lambda: (staging / "step-8.partial").mkdir())
     rec = fire(inj)
     assert sim.kills == ["i-1"] and aws.terminated == ["i-1"]
-    assert rec.state == "done"
+    assert rec.state == "done" and rec.detail.startswith("killed inside the write of step 8")
     assert (rec.cut_step, rec.newest_complete_at_kill, rec.partial_at_kill) == (8, 4, True)
     assert rec.step_at_fire == 8 and rec.fired_t >= rec.watch_started_t
     report = rec.to_json()
@@ -200,7 +200,7 @@ def test_a_write_renamed_before_the_tree_died_is_reported(tmp_path: Path) -> Non
     aws = FakeAws([f"{PREFIX}step-8/COMPLETE"])
     rec = fire(injector(tmp_path, FakeSimulator(run, renamed), aws, watch_s=10))
     assert (rec.cut_step, rec.newest_complete_at_kill, rec.partial_at_kill) == (8, 8, False)
-    assert "just after" in rec.detail
+    assert rec.detail.startswith("killed just after the write of step 8")
 
 
 def test_no_write_within_the_bound_leaves_the_fault_not_fired(tmp_path: Path) -> None:

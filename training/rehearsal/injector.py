@@ -390,16 +390,18 @@ class FaultInjector(threading.Thread):
         rec.cut_step = watch.cut_step
         store = S3CheckpointStore(self.names.checkpoint_uri, client=self.aws.client("s3"))
         rec.newest_complete_at_kill = store.latest_complete()
-        where = "inside" if rec.partial_at_kill else "just after (the folder was renamed by then)"
+        where = (
+            f"inside the write of step {rec.cut_step}"
+            if rec.partial_at_kill
+            else f"just after the write of step {rec.cut_step} (renamed into place by then)"
+        )
         rec.detail = (
-            f"cut the write of step {rec.cut_step} {where}; newest complete checkpoint in S3: "
-            f"{rec.newest_complete_at_kill}"
+            f"killed {where}; newest complete checkpoint in S3: {rec.newest_complete_at_kill}"
         )
         self.events.add(
             "fault",
             f"{desc}: SIGKILL {len(killed)} process(es) {watch.waited_s:.1f}s into the watch, "
-            f"{where} the write of step {rec.cut_step}; newest complete checkpoint in S3: "
-            f"step {rec.newest_complete_at_kill}",
+            f"{where}; newest complete checkpoint in S3: step {rec.newest_complete_at_kill}",
             instance=run.instance_id,
             cut_step=rec.cut_step,
             newest_complete_at_kill=rec.newest_complete_at_kill,
