@@ -73,6 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-baseline", action="store_true", help="do not compare with an uninterrupted run"
     )
     parser.add_argument(
+        "--restart-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the launchers' restart budget (hetero launch --restart-budget; default: the "
+        "launcher's own, 3)",
+    )
+    parser.add_argument(
         "--notice-seconds",
         type=float,
         default=None,
@@ -124,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
     if notice < 0:
         print("hetero rehearse: --notice-seconds must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
+    if args.restart_budget is not None and args.restart_budget < 0:
+        print("hetero rehearse: --restart-budget must be 0 or more", file=sys.stderr)
+        return EXIT_USAGE
     # Orphans of the emulated instances' trees (a killed launcher's children) come to this
     # process, which reaps them, instead of escaping to init.
     become_subreaper()
@@ -133,6 +144,11 @@ def run(args: argparse.Namespace) -> int:
         scenario=scenario,
         notice_s=notice,
         timeout_s=args.timeout,
+        launcher_args=(
+            ("--restart-budget", str(args.restart_budget))
+            if args.restart_budget is not None
+            else ()
+        ),
     )
     _, code = rehearse(
         options,

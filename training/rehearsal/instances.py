@@ -54,6 +54,7 @@ LIFECYCLE_HOOK_ENV = "HETERO_LIFECYCLE_HOOK"
 COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
 COLLECTIVE_TIMEOUT_S = 20
 SPOT_POLL_S = 0.5
+RESTART_BACKOFF_S = 2.0
 LAUNCHER_LOG = "launcher.log"
 # Variables of the rehearsal's own environment an instance must not inherit: an instance learns
 # its group from its tags, and real credentials must never reach moto's clients.
@@ -85,6 +86,12 @@ def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> 
         str(spec_path),
         "--spot-poll",
         str(SPOT_POLL_S),
+        # Time scaled down like the two-minute notice: the first retry after a failure waits
+        # 2 s, not 10 (then 4, 8...), and the group is listed every second.
+        "--restart-backoff",
+        str(RESTART_BACKOFF_S),
+        "--poll",
+        "1",
         *extra,
     ]
 
