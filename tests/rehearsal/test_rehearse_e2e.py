@@ -118,6 +118,9 @@ def test_interruptions_of_a_member_then_the_leader_and_a_data_server_loss(
     assert re.findall(r"generation \d+: node (\d) of 2", leader_log)[-1] == "0", leader_log[-3000:]
     groups = sorted(r["group"] for r in report["replacements"])
     assert groups == ["dataprep", "trainer", "trainer"], report["replacements"]
+    # Each trainer replacement took part in a step (its launcher's start to that step).
+    firsts = [r["first_step_seconds"] for r in report["replacements"] if r["group"] == "trainer"]
+    assert len(firsts) == 2 and all(f is not None and 0 < f < 120 for f in firsts), firsts
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)

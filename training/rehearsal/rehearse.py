@@ -201,7 +201,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
     facts["wall_seconds"] = round(events.elapsed(), 1)
     # The emulators' own cost (moto, IMDS, the proxy, the polling), apart from the instances'.
     facts["rehearsal_cpu_seconds"] = round(_own_cpu_seconds() - cpu_before, 1)
-    facts.update(_audit(spec, records, injector, simulator))
+    facts.update(_audit(spec, records, injector, simulator, events.started_wall))
     facts["events"] = [e.to_json() for e in events.events()]
     return facts
 
@@ -278,11 +278,22 @@ def _save_final_checkpoint(
     }
 
 
+def _first_step_seconds(run: InstanceRun, records: list[Any], started_wall: float) -> float | None:
+    """A trainer replacement's recovery: seconds from its launcher's start to the first step it
+    took part in (the first step applied after its first trainer worker started)."""
+    if not run.worker_starts:
+        return None
+    first_worker = min(run.worker_starts.values())
+    after = [rec.time for rec in records if rec.time >= first_worker]
+    return round(min(after) - (started_wall + run.launched_t), 2) if after else None
+
+
 def _audit(
     spec: ClusterSpec,
     records: list[Any],
     injector: FaultInjector | None,
     simulator: GroupSimulator | None,
+    started_wall: float,
 ) -> dict[str, Any]:
     job = spec.job
     epochs = audit.audit_samples(
@@ -328,6 +339,9 @@ def _audit(
                 "index": r.index,
                 "private_ip": r.private_ip,
                 "launched_t": round(r.launched_t, 2),
+                "first_step_seconds": _first_step_seconds(r, records, started_wall)
+                if r.group == trainer_group
+                else None,
             }
             for r in runs
             if r.index >= counts.get(r.group, 0)

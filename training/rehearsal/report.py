@@ -129,6 +129,7 @@ def render(facts: dict[str, Any]) -> None:
         ("final step", f"{facts.get('final_step')} of {facts['spec'].get('steps')}"),
         ("steps redone (lost)", str(facts.get("steps_lost"))),
         ("recovery seconds", str(facts.get("recovery_seconds") or "-")),
+        ("replacement start to its first step (s)", _first_steps(facts)),
         ("resumed from steps", str(facts.get("resumed_from_steps") or "-")),
         ("replacements", str(len(facts.get("replacements", [])))),
         ("samples lost / epoch", str(facts.get("samples_lost"))),
@@ -150,3 +151,12 @@ def render(facts: dict[str, Any]) -> None:
     console.print(table)
     verdict = "passed" if facts.get("ok") else "FAILED: " + ", ".join(facts["failed_invariants"])
     console.print(f"rehearsal {verdict}; report: {Path(facts['out_dir']) / 'rehearsal.json'}")
+
+
+def _first_steps(facts: dict[str, Any]) -> str:
+    seconds = [
+        r["first_step_seconds"]
+        for r in facts.get("replacements", [])
+        if r.get("first_step_seconds") is not None
+    ]
+    return str(seconds) if seconds else "-"
