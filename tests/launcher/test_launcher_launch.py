@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,6 +54,32 @@ def test_sagemaker_trainer_plan(
     assert "--nproc-per-node 4" in out
     assert "--data-servers algo-3:50051,algo-4:50051" in out
     assert "--checkpoint-dir /opt/ml/checkpoints" in out
+
+
+def test_sagemaker_trainer_keeps_checkpoints_in_the_jobs_s3_uri(
+    spec_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SageMaker syncs /opt/ml/checkpoints per host; with the job's checkpoint URI in the
+    # environment, every host stages locally and the trainer's S3 store holds all shards.
+    monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://bucket/checkpoints/vit-test/")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    config = dict(RESOURCECONFIG, current_host="algo-2", current_group_name="trainer")
+    rc_path = tmp_path / "resourceconfig.json"
+    rc_path.write_text(json.dumps(config))
+    code = main(["launch", "--spec", str(spec_path), "--resourceconfig", str(rc_path), "--dry-run"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert (
+        f"--checkpoint-dir {tmp_path}/tmp/hetero/checkpoints "
+        "--outcome-dir /opt/ml/output/data/outcome "
+        "--checkpoint-s3-uri s3://bucket/checkpoints/vit-test/"
+    ) in out
+    assert "/opt/ml/checkpoints" not in out
 
 
 def test_sagemaker_dataprep_plan_serves_on_all_interfaces(
