@@ -166,6 +166,7 @@ def make_job(
     settings = LoopSettings(
         restart_budget=budget, restart_backoff_s=0.05, peer_timeout_s=10, poll_s=0.1,
         spot_poll_s=0.1, grace_s=10, imds_url=imds.url, imds_timeout_s=1.0,
+        subreaper=False,  # the test process must not adopt other tests' orphans
     )  # fmt: skip
     job = Ec2Job(
         spec, identity=identity, settings=settings, plan_for=plan_for,

@@ -77,3 +77,24 @@ def test_orphaned_grandchild_is_found_through_the_subreaper(tmp_path: Path) -> N
     grandchild = psutil.Process(wait_for(pid_file))
     assert proc.wait(timeout=30) == 0
     assert not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE
+
+
+def test_children_the_process_had_before_are_not_taken_for_orphans() -> None:
+    # A multiprocessing forkserver started earlier by the same process (e.g. a test session)
+    # must survive the supervisor's clean-up; killing it broke every later forkserver user.
+    script = (
+        "import subprocess, sys\n"
+        "from training.launcher.supervisor import Supervisor\n"
+        "before = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "with Supervisor(grace_s=1, subreaper=True) as sup:\n"
+        "    c = sup.start('role', [sys.executable, '-c', 'pass'])\n"
+        "    sup.wait(c)\n"
+        "print('alive' if before.poll() is None else f'killed {before.returncode}')\n"
+        "before.kill(); before.wait()\n"
+    )
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "alive", out.stdout + out.stderr

@@ -88,6 +88,8 @@ class LoopSettings:
     imds_timeout_s: float = 1.0
     heartbeat_s: float = 30.0
     """How often a running host puts its state and last metrics into the job record."""
+    subreaper: bool = True
+    """Adopt the role's orphaned descendants (Linux), so none outlives the launcher."""
 
 
 @dataclass
@@ -364,7 +366,7 @@ class Ec2Job:
             target=self._heartbeat, args=(beat, members), name="heartbeat", daemon=True
         )
         heartbeat.start()
-        with Supervisor(grace_s=self.settings.grace_s, subreaper=True) as sup:
+        with Supervisor(grace_s=self.settings.grace_s, subreaper=self.settings.subreaper) as sup:
             with self.signals.lock:
                 self.signals.supervisor = sup
             try:

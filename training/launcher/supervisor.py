@@ -106,6 +106,11 @@ class Supervisor:
         """The signal that asked this launcher to stop, if any."""
         self.stop_reason: str | None = None
         self._subreaper = become_subreaper() if subreaper else False
+        # Children this process already had (a multiprocessing forkserver, another supervisor's
+        # processes): never taken for orphans of ours when everything is killed.
+        self._foreign: set[int] = (
+            {p.pid for p in psutil.Process().children()} if self._subreaper else set()
+        )
         self._previous_handlers: dict[int, Any] = {}
         self._kill_now = False
         self._terminated_at: float | None = None
@@ -280,9 +285,14 @@ class Supervisor:
         for child in self.children:
             procs.update(child.descendants)
         if self._subreaper:
-            # Orphans re-parented to us are ours by construction.
-            for proc in psutil.Process().children(recursive=True):
+            # Orphans re-parented to us are ours, unless this process had them before.
+            for proc in psutil.Process().children():
+                if proc.pid in self._foreign:
+                    continue
                 procs.setdefault(proc.pid, proc)
+                with contextlib.suppress(psutil.Error):
+                    for sub in proc.children(recursive=True):
+                        procs.setdefault(sub.pid, sub)
         own = {c.pid for c in self.children}
         for child in self.children:
             if child.returncode is None:
