@@ -83,7 +83,6 @@ class LoopSettings:
     """Between membership and job-record checks."""
     spot_poll_s: float = 5.0
     grace_s: float = 90.0
-    rendezvous_timeout_s: int = RENDEZVOUS_TIMEOUT_S
     imds_url: str = ""
     imds_timeout_s: float = 1.0
     heartbeat_s: float = 30.0
@@ -95,9 +94,7 @@ class LoopSettings:
 @dataclass
 class GenerationResult:
     outcome: Outcome
-    codes: list[int]
     reason: str
-    membership: Membership | None = None
 
 
 @dataclass
@@ -304,7 +301,7 @@ class Ec2Job:
         count = self.group.count
         self._set_host(state="waiting-for-peers")
         return wait_for_membership(
-            self._current_membership,
+            self.current_membership,
             count=count,
             own_instance_id=self.instance_id,
             timeout_s=self.settings.peer_timeout_s,
@@ -321,7 +318,7 @@ class Ec2Job:
             log.warning("could not read the leaving hosts from the job record: %s", e)
             return set()
 
-    def _current_membership(self) -> Membership:
+    def current_membership(self) -> Membership:
         return current_membership(
             self.ec2,
             self.autoscaling,
@@ -333,32 +330,39 @@ class Ec2Job:
 
     def _membership_changed(self, membership: Membership) -> bool:
         try:
-            return self._current_membership().members != membership.members
+            return self.current_membership().members != membership.members
         except Exception as e:
             log.warning("could not list the trainer group again: %s", e)
             return False
 
-    def _run_generation(self, membership: Membership | None) -> GenerationResult:
-        outcome_dir = self.run_dir / "outcome"
-        clear_outcomes(outcome_dir)
-        if membership is not None:
-            index = membership.index(self.instance_id)
-            assert index is not None
-            peers = Peers(
-                hosts={self.group.name: membership.addresses},
-                data_servers=(),
-                self_index=index,
+    @property
+    def outcome_dir(self) -> Path:
+        return self.run_dir / "outcome"
+
+    def plan(self, membership: Membership | None) -> Any:
+        """The role's plan for a generation over ``membership`` (None: a data server, which
+        needs no peers): this host's node rank, the members' rendezvous host and port."""
+        if membership is None:
+            host = (self.identity.host or "",)
+            return self.plan_for(
+                Peers({self.group.name: host}, (), 0), roles.RENDEZVOUS_PORT, str(self.outcome_dir)
             )
-            port = membership.rendezvous_port
+        index = membership.index(self.instance_id)
+        if index is None:
+            raise ValueError(f"instance {self.instance_id} is not a member of {membership.ids}")
+        found = Peers({self.group.name: membership.addresses}, (), index)
+        return self.plan_for(found, membership.rendezvous_port, str(self.outcome_dir))
+
+    def _run_generation(self, membership: Membership | None) -> GenerationResult:
+        outcome_dir = self.outcome_dir
+        clear_outcomes(outcome_dir)
+        plan = self.plan(membership)
+        if membership is not None:
             log.info(
                 "generation %d: node %d of %d, rendezvous %s:%d",
-                self.generation, index, len(membership.members), membership.addresses[0], port,
+                self.generation, plan.peers.self_index, len(membership.members),
+                membership.addresses[0], membership.rendezvous_port,
             )  # fmt: skip
-        else:
-            peers = Peers(hosts={self.group.name: (self.identity.host or "",)}, data_servers=(),
-                          self_index=0)  # fmt: skip
-            port = roles.RENDEZVOUS_PORT
-        plan = self.plan_for(peers, port, str(outcome_dir))
         members = list(membership.ids) if membership else None
         self._set_host(state="running", members=members)
         beat = threading.Event()
@@ -392,13 +396,15 @@ class Ec2Job:
             reason = ", ".join(reasons)
         else:
             # A data server exits 0 after the Shutdown RPC (the job finished) or a stop.
-            clean = all(c == 0 for c in codes)
-            outcome = Outcome.FINISHED if clean and not self.signals.leaving else Outcome.FAILED
-            if clean and self.signals.leaving:
+            if any(c != 0 for c in codes):
+                outcome = Outcome.FAILED
+            elif self.signals.leaving:
                 outcome = Outcome.STOPPED
+            else:
+                outcome = Outcome.FINISHED
             reason = f"exit codes {codes}"
         self._set_host(state=f"generation-{outcome.value}", reason=reason)
-        return GenerationResult(outcome, codes, reason, membership)
+        return GenerationResult(outcome, reason)
 
     def _heartbeat(self, done: threading.Event, members: list[str] | None) -> None:
         """While the role runs: this host's state and the trainer's last metrics line."""
@@ -501,7 +507,6 @@ def default_settings(args: Any) -> LoopSettings:
         poll_s=args.poll,
         spot_poll_s=args.spot_poll,
         grace_s=args.grace,
-        rendezvous_timeout_s=args.rendezvous_timeout,
         imds_url=args.imds_url,
         imds_timeout_s=args.imds_timeout,
     )

@@ -16,7 +16,7 @@ import logging
 import os
 import shlex
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -151,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rendezvous-timeout",
         type=int,
-        default=60,
+        default=ec2_job.RENDEZVOUS_TIMEOUT_S,
         help="EC2: seconds trainer hosts wait for each other in torchrun's rendezvous",
     )
     parser.add_argument(
@@ -420,7 +420,7 @@ def _run_ec2(
         asg_names=job_end.asg_names_from_env(os.environ),
     )
     if args.dry_run:
-        return _dry_run_ec2(job, plan_for, args)
+        return _dry_run_ec2(job, args)
     log.info(
         "backend ec2, group %r (%s), instance %s at %s",
         identity.group, spec.group(identity.group).role.value, identity.instance_id, identity.host,
@@ -428,18 +428,14 @@ def _run_ec2(
     return job.run()
 
 
-def _dry_run_ec2(
-    job: ec2_job.Ec2Job,
-    plan_for: Callable[[peers.Peers, int, str], LaunchPlan],
-    args: argparse.Namespace,
-) -> int:
+def _dry_run_ec2(job: ec2_job.Ec2Job, args: argparse.Namespace) -> int:
     """Print the first generation's plan (waiting, bounded, for the trainer group to form)."""
-    group = job.group
-    if group.role is Role.TRAINER:
+    membership = None
+    if job.group.role is Role.TRAINER:
         try:
-            m = wait_for_membership(
-                job._current_membership,
-                count=group.count,
+            membership = wait_for_membership(
+                job.current_membership,
+                count=job.group.count,
                 own_instance_id=job.instance_id,
                 timeout_s=args.peer_timeout,
                 poll_s=args.poll,
@@ -447,16 +443,8 @@ def _dry_run_ec2(
         except MembershipTimeout as e:
             log.error("%s", e)
             return EXIT_PEERS
-        assert m is not None
-        index = m.index(job.instance_id)
-        assert index is not None
-        found = peers.Peers({group.name: m.addresses}, (), index)
-        port = m.rendezvous_port
-    else:
-        found = peers.Peers({group.name: (job.identity.host or "",)}, (), 0)
-        port = roles.RENDEZVOUS_PORT
-    plan = plan_for(found, port, str(job.run_dir / "outcome"))
-    _log_plan(plan, found)
+    plan = job.plan(membership)
+    _log_plan(plan, plan.peers)
     _print_plan(plan)
     return 0
 
