@@ -148,14 +148,18 @@ class Ec2Servers:
     def addresses(self) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from training.launcher.peers import data_server_addresses, list_cluster_instances
+        from training.launcher.peers import (
+            data_server_addresses,
+            list_cluster_instances,
+            terminating_instances,
+        )
 
         dataprep = {g.name for g in self.spec.dataprep_groups}
         try:
             self._clients()
             grouped = list_cluster_instances(self._ec2, self.cluster)
             instances = [i for name, insts in grouped.items() if name in dataprep for i in insts]
-            leaving = self._terminating([i["InstanceId"] for i in instances])
+            leaving = terminating_instances(self._autoscaling, [i["InstanceId"] for i in instances])
         except (BotoCoreError, ClientError) as e:
             raise DiscoveryError(f"DescribeInstances for cluster {self.cluster!r}: {e}") from e
         hosts = {
@@ -168,19 +172,6 @@ class Ec2Servers:
             if name in dataprep
         }
         return list(data_server_addresses(self.spec, hosts))
-
-    def _terminating(self, instance_ids: list[str]) -> set[str]:
-        """Instances whose Auto Scaling lifecycle state is ``Terminating*`` (still ``running``
-        to EC2 while a termination lifecycle hook holds them)."""
-        leaving: set[str] = set()
-        for at in range(0, len(instance_ids), 50):  # the API takes at most 50 ids
-            reply = self._autoscaling.describe_auto_scaling_instances(
-                InstanceIds=instance_ids[at : at + 50]
-            )
-            for inst in reply.get("AutoScalingInstances", []):
-                if str(inst.get("LifecycleState", "")).startswith("Terminating"):
-                    leaving.add(inst["InstanceId"])
-        return leaving
 
     def describe(self) -> str:
         return f"EC2 instances tagged hetero:cluster={self.cluster}"

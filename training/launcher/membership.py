@@ -29,11 +29,11 @@ import hashlib
 import ipaddress
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from training.launcher.peers import list_cluster_instances
+from training.launcher.peers import list_cluster_instances, terminating_instances
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +76,6 @@ class Membership:
     def rendezvous_port(self) -> int:
         digest = hashlib.sha256(",".join(self.ids).encode()).digest()
         return RENDEZVOUS_BASE_PORT + int.from_bytes(digest[:4], "big") % RENDEZVOUS_PORTS
-
-
-def terminating_instances(autoscaling: Any, instance_ids: Sequence[str]) -> set[str]:
-    """Those of ``instance_ids`` whose Auto Scaling lifecycle state is ``Terminating*``."""
-    out: set[str] = set()
-    ids = list(instance_ids)
-    for i in range(0, len(ids), 50):  # DescribeAutoScalingInstances takes at most 50 ids.
-        resp = autoscaling.describe_auto_scaling_instances(InstanceIds=ids[i : i + 50])
-        for inst in resp.get("AutoScalingInstances", []):
-            if str(inst.get("LifecycleState", "")).startswith("Terminating"):
-                out.add(inst["InstanceId"])
-    return out
 
 
 def _age_key(instance: dict[str, Any]) -> tuple[str, int, str]:

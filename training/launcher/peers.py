@@ -163,3 +163,16 @@ def list_cluster_instances(ec2: Any, cluster: str) -> dict[str, list[dict[str, A
     for instances in grouped.values():
         instances.sort(key=_ip_key)
     return grouped
+
+
+def terminating_instances(autoscaling: Any, instance_ids: Sequence[str]) -> set[str]:
+    """Those of ``instance_ids`` whose Auto Scaling lifecycle state is ``Terminating*``: still
+    ``running`` to EC2 while a termination lifecycle hook holds them (``Terminating:Wait``)."""
+    out: set[str] = set()
+    ids = list(instance_ids)
+    for i in range(0, len(ids), 50):  # DescribeAutoScalingInstances takes at most 50 ids.
+        resp = autoscaling.describe_auto_scaling_instances(InstanceIds=ids[i : i + 50])
+        for inst in resp.get("AutoScalingInstances", []):
+            if str(inst.get("LifecycleState", "")).startswith("Terminating"):
+                out.add(inst["InstanceId"])
+    return out
