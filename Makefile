@@ -8,11 +8,12 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: install install-dev local test lint proto bench clean
 
-# Reinstall only when pyproject.toml changes (the stamp holds the last installed version).
-$(VENV)/.installed: pyproject.toml
+# Reinstall only when pyproject.toml or the pins change. containers/constraints.txt is the one set
+# of versions: the image installs from it too, and a test fails when the two drift apart.
+$(VENV)/.installed: pyproject.toml containers/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --constraint containers/constraints.txt -e '.[dev]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -6,9 +6,17 @@ import base64
 import logging
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
-from aws_cdk import Annotations, Duration, Stack, Tags
+from aws_cdk import (
+    Annotations,
+    CfnAutoScalingScheduledAction,
+    CfnUpdatePolicy,
+    Duration,
+    Stack,
+    Tags,
+)
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -20,10 +28,15 @@ from training.spec import ClusterSpec, InstanceGroup, Market, Role
 
 logger = logging.getLogger(__name__)
 
-# Public SSM parameters (resolved at deploy time, so synth needs no account). Trainers: the
-# Deep Learning Base AMI (NVIDIA driver, container toolkit, Docker and the EFA driver);
-# dataprep: the ECS-optimised AL2023 AMI (Docker, no GPU stack). Both ship the AWS CLI and
-# the SSM agent, and neither needs the internet to start the container.
+# Public SSM parameters (resolved at deploy time, so synth needs no account).
+# Trainers: the Deep Learning Base OSS Nvidia Driver AMI on AL2023 (NVIDIA driver, NVIDIA container
+# toolkit, Docker, the EFA driver).
+# Dataprep: the ECS-optimised AL2023 AMI (Docker; no GPU stack). It is built on the *minimal*
+# AL2023 AMI and adds only Docker, containerd, the ECS agent and a few utilities (package list:
+# variables.pkr.hcl `packages_al2023` in github.com/aws/amazon-ecs-ami), so it has no AWS CLI.
+# Neither image is logged in to ECR with the CLI: the user data installs the Amazon ECR credential
+# helper from the AL2023 repositories (dnf; github.com/awslabs/amazon-ecr-credential-helper, section
+# "Amazon Linux 2023") and Docker fetches registry credentials through it with the instance role.
 TRAINER_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/"
     "base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
@@ -32,12 +45,20 @@ DATAPREP_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recom
 ROOT_DEVICE = "/dev/xvda"
 LAUNCHER_RESTARTS = 5
 """Docker restarts of a launcher that exits non-zero (``docker run --restart on-failure:N``)."""
+BOOT_ATTEMPTS = 6
+"""Tries of each boot step that depends on the network (package install, image pull)."""
+BOOT_RETRY_SECONDS = 20
+"""Pause between two tries: the VPC endpoints and the instance role may need a moment."""
 TERMINATION_HOOK_TIMEOUT = Duration.minutes(5)
 """How long an Auto Scaling termination waits for the trainer's checkpoint (the launcher
 completes the lifecycle action sooner; at the timeout the termination goes on anyway)."""
 # Root volume, GiB: the AMI's own snapshot (about 75 GiB for the DL base AMI, 30 for ECS) plus
 # the image (about 10 GiB compressed, 20+ unpacked) plus room for local checkpoint staging.
 ROOT_VOLUME_GIB: Mapping[Role, int] = {Role.TRAINER: 200, Role.DATAPREP: 100}
+HOST_SPEC_DIR = str(PurePosixPath(aws_tags.DEPLOYED_SPEC_PATH).parent)
+"""Where the user data writes the deployed spec on the host (mounted read-only at the same path)."""
+DOCKER_CONFIG_DIR = "/root/.docker"
+"""Docker client configuration of the user data (root; cloud-init may leave HOME unset)."""
 
 
 def user_data_script(
@@ -51,18 +72,21 @@ def user_data_script(
     checkpoint_uri: str,
     asg_names: Sequence[str],
 ) -> list[str]:
-    """Shell lines that log in to ECR, pull the image and run the launcher as ``group``.
+    """Shell lines that install the ECR credential helper, pull the image and run the launcher as
+    ``group``. Each network step is retried (``BOOT_ATTEMPTS`` x ``BOOT_RETRY_SECONDS``) and the
+    script stops with a message when one never succeeds, so a broken boot shows in the console log
+    instead of a launcher that never started.
 
-    The deployed spec is written to the host and mounted read-only into the container, so the
-    launcher runs the spec this stack was deployed with, not only the one baked in the image.
+    The spec reaches the instance here, at run time (never baked into the image): it is written to
+    the host and mounted read-only into the container.
     """
     spec_b64 = base64.b64encode(spec_text.encode()).decode()
-    host_spec_dir = "/opt/hetero/deployed"
     env = {
         aws_tags.ENV_SPEC: aws_tags.DEPLOYED_SPEC_PATH,
         aws_tags.ENV_CLUSTER: spec.name,
         aws_tags.ENV_GROUP: group.name,
         aws_tags.ENV_CHECKPOINT_URI: checkpoint_uri,
+        aws_tags.ENV_JOB_PARAMETER: aws_tags.job_parameter_name(spec.name),
         aws_tags.ENV_ASG_NAMES: ",".join(asg_names),
         aws_tags.ENV_REGION: region,
         "AWS_REGION": region,
@@ -74,35 +98,54 @@ def user_data_script(
     gpu_flags = "--gpus all " if group.role is Role.TRAINER else ""
     return [
         "set -euo pipefail",
-        f"mkdir -p {host_spec_dir}",
-        f"echo {spec_b64} | base64 -d > {host_spec_dir}/cluster.toml",
+        f"HOST_SPEC_DIR={HOST_SPEC_DIR}",
+        f"export DOCKER_CONFIG={DOCKER_CONFIG_DIR}",
+        "retry() {",
+        f"  for attempt in $(seq 1 {BOOT_ATTEMPTS}); do",
+        '    "$@" && return 0',
+        f'    echo "hetero boot: \\"$*\\" failed (attempt $attempt of {BOOT_ATTEMPTS})" >&2',
+        f'    [ "$attempt" -lt {BOOT_ATTEMPTS} ] && sleep {BOOT_RETRY_SECONDS}',
+        "  done",
+        '  echo "hetero boot: giving up on \\"$*\\"; the launcher was not started" >&2',
+        "  return 1",
+        "}",
+        "imds() {",
+        "  local token",
+        "  token=$(curl -sf -X PUT http://169.254.169.254/latest/api/token "
+        '-H "X-aws-ec2-metadata-token-ttl-seconds: 60") || return 1',
+        '  curl -sf -H "X-aws-ec2-metadata-token: $token" '
+        '"http://169.254.169.254/latest/meta-data/$1"',
+        "}",
+        'mkdir -p "$HOST_SPEC_DIR"',
+        f'echo {spec_b64} | base64 -d > "$HOST_SPEC_DIR/cluster.toml"',
         f"IMAGE={image_uri}",
         'REGISTRY="${IMAGE%%/*}"',
-        # The image is pulled through the ECR endpoints; retry while they come up.
-        "for attempt in 1 2 3 4 5 6; do",
-        f"  aws ecr get-login-password --region {region} "
-        '| docker login --username AWS --password-stdin "$REGISTRY" '
-        '&& docker pull "$IMAGE" && break',
-        '  echo "image pull failed (attempt $attempt); retrying" >&2; sleep 20',
-        "done",
+        # Registry login through the credential helper (neither AMI has the AWS CLI's
+        # `ecr get-login-password` to rely on); packages come through the S3 gateway endpoint.
+        "command -v docker-credential-ecr-login >/dev/null "
+        "|| retry dnf install -y amazon-ecr-credential-helper",
+        'mkdir -p "$DOCKER_CONFIG"',
+        'printf \'{"credHelpers": {"%s": "ecr-login"}}\\n\' "$REGISTRY" '
+        '> "$DOCKER_CONFIG/config.json"',
+        'retry docker pull "$IMAGE"',
         # EFA devices, when the instance has them (none on types without EFA).
         "EFA_DEVICES=$(for d in /dev/infiniband/uverbs*; do "
         '[ -e "$d" ] && printf -- "--device=%s " "$d"; done; true)',
-        "INSTANCE_ID=$(TOKEN=$(curl -sX PUT http://169.254.169.254/latest/api/token "
-        '-H "X-aws-ec2-metadata-token-ttl-seconds: 60") && curl -s '
-        '-H "X-aws-ec2-metadata-token: $TOKEN" '
-        "http://169.254.169.254/latest/meta-data/instance-id)",
+        "INSTANCE_ID=$(retry imds instance-id)",
         # Host networking: NCCL, EFA and the data plane's gRPC port see the instance's address.
         # The launcher retries a failed role itself (restart budget); Docker restarts the
         # launcher if it dies, and the restarted one reads the job record before running.
+        # awslogs-format json/emf: CloudWatch extracts the trainer's embedded-format metrics.
         f"docker run --detach --restart on-failure:{LAUNCHER_RESTARTS} --name hetero "
         "--network host --ipc host "
         f"--ulimit memlock=-1 --ulimit stack=67108864 {gpu_flags}$EFA_DEVICES"
-        f"-v {host_spec_dir}:{host_spec_dir}:ro {env_flags} "
+        '-v "$HOST_SPEC_DIR:$HOST_SPEC_DIR:ro" '
+        f"{env_flags} "
         "--log-driver awslogs "
         f"--log-opt awslogs-region={region} "
         f"--log-opt awslogs-group={log_group_name} "
         f'--log-opt awslogs-stream={group.name}/"$INSTANCE_ID" '
+        "--log-opt awslogs-format=json/emf "
         f'"$IMAGE" launch --spec {aws_tags.DEPLOYED_SPEC_PATH} --group {group.name}',
     ]
 
@@ -244,11 +287,22 @@ class InstanceGroupFleet(Construct):
             desired_capacity=group.count,
             capacity_rebalance=group.market is Market.SPOT,
         )
-        # Intended: deploying (or redeploying) sets the group to the spec's count, which is
-        # how a job starts; the launcher scales it to zero when the job ends.
+        # Intended: a deploy that changes the group sets it to the spec's count, which is how a
+        # deployed job starts; the launcher scales it to zero when the job ends.
         Annotations.of(self.auto_scaling_group).acknowledge_warning(
             "@aws-cdk/aws-autoscaling:desiredCapacitySet",
             "deploy starts the job: desired capacity is the spec's count on every deploy",
+        )
+        # CDK's default UpdatePolicy sets IgnoreUnmodifiedGroupSizeProperties, so an update would
+        # keep the 0 the launcher left at job end. Off: an update of the group (a changed spec
+        # changes its launch template) applies the template's sizes again.
+        # https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-updatepolicy.html
+        cfn_asg = self.auto_scaling_group.node.default_child
+        assert isinstance(cfn_asg, autoscaling.CfnAutoScalingGroup)
+        cfn_asg.cfn_options.update_policy = CfnUpdatePolicy(
+            auto_scaling_scheduled_action=CfnAutoScalingScheduledAction(
+                ignore_unmodified_group_size_properties=False
+            )
         )
         if group.role is Role.TRAINER:
             # Capacity Rebalancing and scale-in terminate instances themselves, without a Spot

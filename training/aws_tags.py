@@ -24,6 +24,8 @@ ENV_GROUP: Final = "HETERO_GROUP"
 ENV_CHECKPOINT_URI: Final = "HETERO_CHECKPOINT_URI"
 """``s3://bucket/prefix/``: where the trainer writes checkpoints (wins over the spec's
 ``job.checkpoint.dir``)."""
+ENV_JOB_PARAMETER: Final = "HETERO_JOB_PARAMETER"
+"""SSM parameter naming the current job (id and checkpoint URI); see ``job_parameter_name``."""
 ENV_ASG_NAMES: Final = "HETERO_ASG_NAMES"
 """Comma-separated Auto Scaling group names of the cluster: scaled to zero at job end."""
 ENV_LIFECYCLE_HOOK: Final = "HETERO_LIFECYCLE_HOOK"
@@ -34,8 +36,6 @@ LIFECYCLE_HOOK_NAME: Final = "hetero-checkpoint"
 ENV_REGION: Final = "AWS_DEFAULT_REGION"
 """The region (boto3 reads this variable)."""
 
-BAKED_SPEC_PATH: Final = "/opt/hetero/cluster.toml"
-"""Where the image holds the spec it was built with (used when ``HETERO_SPEC`` is unset)."""
 DEPLOYED_SPEC_PATH: Final = "/opt/hetero/deployed/cluster.toml"
 """Where the stack mounts the spec it was deployed with (``HETERO_SPEC`` points here on EC2)."""
 
@@ -49,3 +49,8 @@ def asg_name(cluster: str, group: str) -> str:
     """The Auto Scaling group name of ``group`` in cluster ``cluster`` (stable, so IAM can
     name it and the launcher can scale it without a lookup)."""
     return f"{cluster}-{group}"
+
+
+def job_parameter_name(cluster: str) -> str:
+    """The SSM parameter that points at the cluster's current job: ``/hetero/<cluster>/job``."""
+    return f"/hetero/{cluster}/job"

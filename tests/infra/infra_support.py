@@ -110,3 +110,48 @@ def build(tmp: Path, spec_text: str, *, destroy_checkpoints: bool = False) -> Bu
         network=Template.from_stack(stacks.network),
         cluster=Template.from_stack(stacks.cluster),
     )
+
+
+def imported(built: BuiltApp, value: object) -> object:
+    """What an ``Fn::ImportValue`` in the cluster template resolves to: the value of the network
+    stack's output exported under that name (so tests can name the exact resource imported)."""
+    assert isinstance(value, dict) and set(value) == {"Fn::ImportValue"}, value
+    name = value["Fn::ImportValue"]
+    for output in built.network.to_json().get("Outputs", {}).values():
+        if output.get("Export", {}).get("Name") == name:
+            return output["Value"]
+    raise AssertionError(f"the network stack exports nothing named {name!r}")
+
+
+def network_ref(built: BuiltApp, construct: object, attribute: str | None = None) -> object:
+    """The template expression of a network-stack resource: ``Ref`` or ``Fn::GetAtt``."""
+    child = construct.node.default_child  # type: ignore[attr-defined]
+    assert isinstance(child, cdk.CfnResource)
+    lid = built.stacks.network.get_logical_id(child)
+    return {"Fn::GetAtt": [lid, attribute]} if attribute else {"Ref": lid}
+
+
+# The largest EFA layouts side by side in one group: p4d (4 network cards) and p5 (32). One
+# launch template cannot describe both; the stack must still be valid CloudFormation.
+MIXED_EFA_SPEC = """
+name = "vit-p5"
+
+[[groups]]
+name = "dnn_group"
+role = "trainer"
+instance_types = ["p5.48xlarge", "p4d.24xlarge"]
+count = 2
+market = "on-demand"
+efa = "on"
+
+[[groups]]
+name = "data_group"
+role = "dataprep"
+instance_types = ["c5n.18xlarge"]
+count = 1
+market = "spot"
+efa = "auto"
+
+[job]
+steps = 100
+"""

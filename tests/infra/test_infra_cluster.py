@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match
-from infra_support import EFA_SPEC, SPOT_SPEC, BuiltApp, build
+from infra_support import EFA_SPEC, SPOT_SPEC, BuiltApp, build, imported, network_ref
 
 from infra.instance_group import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training import aws_tags
@@ -89,11 +88,16 @@ def test_one_cluster_placement_group_used_by_every_group(spot: BuiltApp, efa: Bu
             assert placement == {"GroupName": pg_ref}, group
 
 
-def test_groups_launch_in_the_one_cluster_subnet(spot: BuiltApp) -> None:
+def test_groups_launch_in_the_one_cluster_subnet_of_the_spec_az(spot: BuiltApp) -> None:
+    network = spot.stacks.network.network
+    subnet = network_ref(spot, network.subnet)
     for group in ("trainer", "dataprep"):
         subnets = _asg(spot, group)["VPCZoneIdentifier"]
-        assert len(subnets) == 1
-        assert "Fn::ImportValue" in subnets[0]  # the network stack's only subnet
+        assert [imported(spot, s) for s in subnets] == [subnet], group
+    # That subnet is in the AZ the spec chose (index 1), where the placement group's instances go.
+    lid = subnet["Ref"]  # type: ignore[index]
+    az = spot.network.to_json()["Resources"][lid]["Properties"]["AvailabilityZone"]
+    assert az == {"Fn::Select": [1, {"Fn::GetAZs": ""}]}
 
 
 # ----------------------------------------------------------------------------- launch template
@@ -128,14 +132,15 @@ def test_amis_come_from_public_ssm_parameters(spot: BuiltApp) -> None:
 
 
 def test_non_efa_groups_carry_the_cluster_security_group(spot: BuiltApp) -> None:
+    cluster_sg = network_ref(spot, spot.stacks.network.network.cluster_security_group, "GroupId")
     for group in ("trainer", "dataprep"):
         data = _launch_template_data(spot, group)
         assert "NetworkInterfaces" not in data
-        assert len(data["SecurityGroupIds"]) == 1
-        assert "Fn::ImportValue" in data["SecurityGroupIds"][0]
+        assert [imported(spot, g) for g in data["SecurityGroupIds"]] == [cluster_sg], group
 
 
 def test_efa_interfaces_one_per_network_card_and_no_top_level_groups(efa: BuiltApp) -> None:
+    cluster_sg = network_ref(efa, efa.stacks.network.network.cluster_security_group, "GroupId")
     for group, cards in (("gpu", 4), ("cpu", 1)):
         data = _launch_template_data(efa, group)
         assert "SecurityGroupIds" not in data, "EC2 refuses top-level groups with interfaces"
@@ -146,15 +151,35 @@ def test_efa_interfaces_one_per_network_card_and_no_top_level_groups(efa: BuiltA
             assert nic["InterfaceType"] == "efa"
             assert nic["NetworkCardIndex"] == card
             assert nic["DeviceIndex"] == (0 if card == 0 else 1)
-            assert len(nic["Groups"]) == 1 and "Fn::ImportValue" in nic["Groups"][0]
+            # This interface carries the cluster group, not any imported group.
+            assert [imported(efa, g) for g in nic["Groups"]] == [cluster_sg]
             assert "SubnetId" not in nic  # the Auto Scaling group chooses the subnet
+
+
+def test_no_ingress_from_any_address_range(spot: BuiltApp, efa: BuiltApp) -> None:
+    """Every way in is from a security group: no rule from 0.0.0.0/0 (or any CIDR, IPv4 or
+    IPv6), on any port or protocol, in either stack."""
+    for built in (spot, efa):
+        for template in (built.network, built.cluster):
+            rules = [
+                r["Properties"]
+                for r in template.find_resources("AWS::EC2::SecurityGroupIngress").values()
+            ]
+            for sg in template.find_resources("AWS::EC2::SecurityGroup").values():
+                rules += sg["Properties"].get("SecurityGroupIngress", [])
+            for rule in rules:
+                assert not {"CidrIp", "CidrIpv6", "SourcePrefixListId"} & set(rule), rule
+                assert "SourceSecurityGroupId" in rule, rule
 
 
 def test_user_data_pulls_the_image_and_runs_the_launcher_as_the_group(spot: BuiltApp) -> None:
     for group, gpu in (("trainer", True), ("dataprep", False)):
         script = _user_data(spot, group)
-        assert "aws ecr get-login-password" in script and "docker login" in script
-        assert 'docker pull "$IMAGE"' in script
+        # The exact boot sequence runs as a script in test_infra_user_data.py; here: no AWS CLI
+        # (neither AMI is documented to have it), the ECR credential helper instead.
+        assert "aws " not in script and "docker login" not in script
+        assert "retry dnf install -y amazon-ecr-credential-helper" in script
+        assert 'retry docker pull "$IMAGE"' in script
         assert f"launch --spec {aws_tags.DEPLOYED_SPEC_PATH} --group {group}" in script
         for env in (
             aws_tags.ENV_SPEC,
@@ -192,12 +217,6 @@ def test_trainer_group_has_the_termination_hook_the_launcher_completes(spot: Bui
     assert "NotificationTargetARN" not in props  # the instance polls IMDS; no queue needed
 
 
-def test_user_data_carries_the_deployed_spec(spot: BuiltApp) -> None:
-    script = _user_data(spot, "trainer")
-    encoded = base64.b64encode(SPOT_SPEC.encode()).decode()
-    assert f"echo {encoded} | base64 -d > /opt/hetero/deployed/cluster.toml" in script
-
-
 # ----------------------------------------------------------------------------- Auto Scaling
 
 
@@ -230,6 +249,34 @@ def test_desired_capacity_is_the_spec_count(spot: BuiltApp, efa: BuiltApp) -> No
             str(count),
             "0",
         )
+
+
+def test_a_changed_group_gets_the_spec_sizes_again(spot: BuiltApp, efa: BuiltApp) -> None:
+    """CDK's default IgnoreUnmodifiedGroupSizeProperties would keep the 0 the launcher set at job
+    end through a stack update; it is off on every group."""
+    for built in (spot, efa):
+        for group in built.stacks.cluster.fleets:
+            fleet = built.stacks.cluster.fleets[group]
+            cfn = fleet.auto_scaling_group.node.default_child
+            assert isinstance(cfn, cdk.CfnResource)
+            res = built.cluster.to_json()["Resources"][built.stacks.cluster.get_logical_id(cfn)]
+            assert res["UpdatePolicy"] == {
+                "AutoScalingScheduledAction": {"IgnoreUnmodifiedGroupSizeProperties": False}
+            }, group
+
+
+def test_container_logs_are_kept_without_a_fixed_name(spot: BuiltApp) -> None:
+    """A retained log group with a fixed name makes the deploy after `cdk destroy` fail
+    ("already exists"); CloudFormation names it, and the output says which it is."""
+    cfn = spot.stacks.cluster.log_group.node.default_child
+    assert isinstance(cfn, cdk.CfnResource)
+    lid = spot.stacks.cluster.get_logical_id(cfn)
+    res = spot.cluster.to_json()["Resources"][lid]
+    assert "LogGroupName" not in res["Properties"]
+    assert res["Properties"]["RetentionInDays"] == 90
+    assert (res["DeletionPolicy"], res["UpdateReplacePolicy"]) == ("Retain", "Retain")
+    outputs = spot.cluster.to_json()["Outputs"]
+    assert outputs["LogGroupName"]["Value"] == {"Ref": lid}
 
 
 def test_group_tags_propagate_to_instances(spot: BuiltApp) -> None:

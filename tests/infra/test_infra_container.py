@@ -1,15 +1,17 @@
-"""The image: the Dockerfile passes hadolint, and the entry point maps `train` (SageMaker) and
+"""The image: the Dockerfile passes hadolint and installs the one pinned set of versions (the
+same as the tests), carries no spec, and the entry point maps `train` (SageMaker) and
 no argument to `hetero launch`, passing anything else to `hetero` unchanged."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,7 @@ from training import aws_tags
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "containers" / "Dockerfile"
 ENTRYPOINT = REPO / "containers" / "entrypoint.sh"
+LOCK_SCRIPT = REPO / "scripts" / "lock_constraints.py"
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -30,34 +33,71 @@ def test_dockerfile_passes_hadolint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_dockerfile_base_install_and_entry_point() -> None:
+def _constraints_module() -> Any:
+    """scripts/lock_constraints.py, the one place that knows the runtime closure and the pins."""
+    spec = importlib.util.spec_from_file_location("lock_constraints", LOCK_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dockerfile_installs_exactly_the_pinned_set_on_a_plain_base() -> None:
     text = DOCKERFILE.read_text()
-    base = re.search(r"^FROM (\S+)", text, re.MULTILINE)
-    assert base is not None
-    # An official PyTorch CUDA runtime image, pinned to a version (not latest).
-    assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-runtime", base[1])
-    assert "pip install --no-cache-dir --constraint containers/constraints.txt ." in text
-    assert f"COPY cluster.toml {aws_tags.BAKED_SPEC_PATH}" in text
+    # A plain OS base pinned by release: no framework image bringing its own torch (the image
+    # once ran torch 2.9.1 from pytorch/pytorch while the tests ran another version).
+    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["ubuntu:24.04"]
+    pip_lines = [line for line in text.splitlines() if "pip install" in line]
+    assert pip_lines == [
+        "RUN pip install --no-cache-dir --requirement containers/constraints.txt",
+        "RUN pip install --no-cache-dir --no-deps --constraint containers/constraints.txt . \\",
+    ]
+    assert "COPY containers/constraints.txt containers/constraints.txt" in text
     assert 'ENTRYPOINT ["/usr/local/bin/hetero-entrypoint"]' in text
     assert "COPY containers/entrypoint.sh /usr/local/bin/hetero-entrypoint" in text
 
 
-def test_constraints_pin_every_runtime_dependency_but_the_base_images_torch() -> None:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    names = {re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
-    pins = {}
-    for line in (REPO / "containers" / "constraints.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[name.lower()] = version
-    assert set(pins) == names - {"torch", "torchvision"}
+def test_the_spec_is_not_baked_into_the_image() -> None:
+    text = DOCKERFILE.read_text()
+    assert not re.search(r"^COPY .*\.toml\b(?<!pyproject\.toml)", text, re.MULTILINE)
+    assert [c for c in re.findall(r"^COPY (\S+)", text, re.MULTILINE)] == [
+        "containers/constraints.txt",
+        "pyproject.toml",
+        "training/",
+        "containers/entrypoint.sh",
+    ]
+    assert "!cluster.toml" not in (REPO / ".dockerignore").read_text()
+
+
+def test_image_and_tests_install_one_set_of_versions() -> None:
+    """The drift test: what this test environment runs is exactly what the image installs."""
+    lock = _constraints_module()
+    pins = lock.read_constraints(REPO / "containers" / "constraints.txt")
+    installed = lock.runtime_closure()
+    missing = sorted(set(installed) - set(pins))
+    assert not missing, f"not pinned (run scripts/lock_constraints.py): {missing}"
+    stale = sorted(set(pins) - set(installed))
+    assert not stale, f"pinned but not needed (run scripts/lock_constraints.py): {stale}"
+    drift = {n: (pins[n], installed[n]) for n in pins if pins[n] != installed[n]}
+    assert not drift, f"pinned vs installed: {drift} (reinstall with `make install`, or re-lock)"
+    assert {"torch", "torchvision", "timm", "grpcio", "boto3"} <= set(pins)
+    # The test environment is installed from the same file.
+    assert "--constraint containers/constraints.txt -e '.[dev]'" in (REPO / "Makefile").read_text()
+
+
+def test_read_constraints_refuses_a_loose_pin(tmp_path: Path) -> None:
+    lock = _constraints_module()
+    loose = tmp_path / "c.txt"
+    loose.write_text("# pins\ntorch>=2.4\n")
+    with pytest.raises(ValueError, match=r"'torch>=2.4' is not an exact pin"):
+        lock.read_constraints(loose)
 
 
 def test_dockerignore_keeps_the_context_small() -> None:
     lines = (REPO / ".dockerignore").read_text().splitlines()
     assert "**" in lines  # everything out, then only what the Dockerfile COPYs back in
-    for needed in ("pyproject.toml", "README.md", "training/", "cluster.toml", "containers/"):
-        assert f"!{needed}" in lines
+    allowed = sorted(line for line in lines if line.startswith("!"))
+    assert allowed == ["!README.md", "!containers/", "!pyproject.toml", "!training/"]
 
 
 @pytest.fixture
@@ -87,12 +127,26 @@ def _run(env: dict[str, str], record: Path, *args: str, **extra: str) -> list[st
     return list(calls[0])
 
 
-def test_train_maps_to_launch_with_the_baked_spec(
+def test_train_maps_to_launch_with_the_spec_from_the_environment(
     fake_hetero: tuple[dict[str, str], Path],
 ) -> None:
     env, record = fake_hetero
-    assert _run(env, record, "train") == ["launch", "--spec", aws_tags.BAKED_SPEC_PATH]
-    assert _run(env, record) == ["launch", "--spec", aws_tags.BAKED_SPEC_PATH]
+    spec = {aws_tags.ENV_SPEC: aws_tags.DEPLOYED_SPEC_PATH}
+    assert _run(env, record, "train", **spec) == ["launch", "--spec", aws_tags.DEPLOYED_SPEC_PATH]
+    assert _run(env, record, **spec) == ["launch", "--spec", aws_tags.DEPLOYED_SPEC_PATH]
+
+
+def test_train_without_a_spec_says_how_to_pass_one(
+    fake_hetero: tuple[dict[str, str], Path],
+) -> None:
+    env, record = fake_hetero
+    result = subprocess.run(
+        ["bash", str(ENTRYPOINT), "train"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2
+    assert "HETERO_SPEC is not set" in result.stderr
+    assert "/opt/hetero/deployed/cluster.toml" in result.stderr
+    assert not record.exists()  # the launcher never ran
 
 
 def test_train_honours_spec_and_group_environment(
@@ -136,5 +190,6 @@ def test_exit_status_is_the_launchers(tmp_path: Path) -> None:
     (bin_dir / "hetero").write_text("#!/bin/sh\nexit 7\n")
     (bin_dir / "hetero").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env[aws_tags.ENV_SPEC] = "/x.toml"
     result = subprocess.run(["bash", str(ENTRYPOINT), "train"], env=env, timeout=30)
     assert result.returncode == 7

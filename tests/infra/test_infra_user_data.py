@@ -1,0 +1,227 @@
+"""The user data as a script: the launch template's user data, taken from the synthesized
+template, runs under bash with stand-in `dnf`, `docker`, `curl`, `aws` and `sleep` on PATH. The
+tests assert the exact command sequence, the retries, the failure when a step never succeeds and
+the restart policy the launcher runs under.
+
+Only two lines are rewritten before running: where the spec and Docker's configuration go on the
+host (``HOST_SPEC_DIR=``, ``export DOCKER_CONFIG=``), so the test writes under its own folder."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from infra_support import SPOT_SPEC, BuiltApp, build
+
+REGION = "eu-west-1"
+ACCOUNT = "111122223333"
+BUCKET = "vit-spot-checkpoints-bucket"
+LOG_GROUP = "vit-spot-cluster-ContainerLogs-abc"
+REGISTRY = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com"
+INSTANCE_ID = "i-0123456789abcdef0"
+
+# One stand-in for every host command: it appends [name, argv] to $STUB_LOG and fails the first
+# $STUB_FAIL_<NAME> calls of that name. curl answers IMDS's token and instance-id requests.
+STUB = f"""#!{sys.executable}
+import json, os, sys
+name = os.path.basename(sys.argv[0])
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps([name, sys.argv[1:]]) + "\\n")
+counter = os.path.join(os.environ["STUB_DIR"], name + ".calls")
+calls = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+open(counter, "w").write(str(calls))
+if calls <= int(os.environ.get("STUB_FAIL_" + name.upper(), "0")):
+    print(name + ": stand-in failure " + str(calls), file=sys.stderr)
+    sys.exit(1)
+if name == "curl":
+    print("TOKEN" if "PUT" in sys.argv else "{INSTANCE_ID}", end="")
+if name == "aws":
+    sys.exit("the AMIs have no AWS CLI: the user data must not call aws")
+"""
+
+
+def _resolve(value: Any, logical_ids: dict[str, str]) -> str:
+    """Render one template value the way CloudFormation would, with this test's account."""
+    if isinstance(value, str):
+        return value
+    if "Fn::Join" in value:
+        sep, parts = value["Fn::Join"]
+        return str(sep).join(_resolve(p, logical_ids) for p in parts)
+    if "Fn::Sub" in value:
+        pseudo = {
+            "AWS::Region": REGION,
+            "AWS::AccountId": ACCOUNT,
+            "AWS::URLSuffix": "amazonaws.com",
+        }
+        return re.sub(r"\$\{([^}]+)\}", lambda m: pseudo[m[1]], value["Fn::Sub"])
+    if "Ref" in value:
+        return {"AWS::Region": REGION, "AWS::AccountId": ACCOUNT}.get(
+            value["Ref"], logical_ids.get(value["Ref"], value["Ref"])
+        )
+    raise AssertionError(f"unexpected token in user data: {value}")
+
+
+@pytest.fixture(scope="module")
+def spot(tmp_path_factory: pytest.TempPathFactory) -> BuiltApp:
+    return build(tmp_path_factory.mktemp("userdata"), SPOT_SPEC)
+
+
+def _script(built: BuiltApp, group: str) -> str:
+    cluster = built.stacks.cluster
+    fleet = cluster.fleets[group]
+    cfn = fleet.launch_template.node.default_child
+    assert isinstance(cfn, cdk.CfnResource)
+    data = built.cluster.find_resources("AWS::EC2::LaunchTemplate")[cluster.get_logical_id(cfn)]
+    raw = data["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
+    log_cfn = cluster.log_group.node.default_child
+    bucket_cfn = cluster.checkpoints.bucket.node.default_child
+    assert isinstance(log_cfn, cdk.CfnResource) and isinstance(bucket_cfn, cdk.CfnResource)
+    ids = {cluster.get_logical_id(log_cfn): LOG_GROUP, cluster.get_logical_id(bucket_cfn): BUCKET}
+    return _resolve(raw, ids)
+
+
+class Boot:
+    """Runs a user data script in a temporary host layout with the stand-ins on PATH."""
+
+    def __init__(self, tmp: Path, script: str) -> None:
+        self.tmp = tmp
+        self.spec_dir = tmp / "host" / "deployed"
+        self.docker_config = tmp / "host" / "docker"
+        lines = script.splitlines()
+        assert "HOST_SPEC_DIR=/opt/hetero/deployed" in lines
+        assert "export DOCKER_CONFIG=/root/.docker" in lines
+        self.script = script.replace(
+            "HOST_SPEC_DIR=/opt/hetero/deployed", f"HOST_SPEC_DIR={self.spec_dir}"
+        ).replace(
+            "export DOCKER_CONFIG=/root/.docker", f"export DOCKER_CONFIG={self.docker_config}"
+        )
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        for name in ("dnf", "docker", "curl", "aws", "sleep"):
+            (self.bin / name).write_text(STUB)
+            (self.bin / name).chmod(0o755)
+        self.log = tmp / "calls.jsonl"
+
+    def run(self, **fail: int) -> subprocess.CompletedProcess[str]:
+        env = {
+            "PATH": f"{self.bin}{os.pathsep}/usr/bin{os.pathsep}/bin",
+            "STUB_LOG": str(self.log),
+            "STUB_DIR": str(self.tmp),
+            **{f"STUB_FAIL_{name.upper()}": str(n) for name, n in fail.items()},
+        }
+        path = self.tmp / "user-data.sh"
+        path.write_text(self.script)
+        return subprocess.run(
+            ["bash", str(path)], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    def calls(self) -> list[tuple[str, list[str]]]:
+        if not self.log.exists():
+            return []
+        return [tuple(json.loads(line)) for line in self.log.read_text().splitlines()]  # type: ignore[misc]
+
+
+def _image(built: BuiltApp) -> str:
+    image = _resolve(built.stacks.cluster.resolve(built.stacks.cluster.image.image_uri), {})
+    assert image.startswith(f"{REGISTRY}/cdk-hnb659fds-container-assets-{ACCOUNT}-{REGION}:")
+    return image
+
+
+def _expected_run(image: str, group: str, trainer: bool) -> list[str]:
+    env = [
+        "HETERO_SPEC=/opt/hetero/deployed/cluster.toml",
+        "HETERO_CLUSTER=vit-spot",
+        f"HETERO_GROUP={group}",
+        f"HETERO_CHECKPOINT_URI=s3://{BUCKET}/checkpoints/",
+        "HETERO_JOB_PARAMETER=/hetero/vit-spot/job",
+        "HETERO_ASG_NAMES=vit-spot-trainer,vit-spot-dataprep",
+        f"AWS_DEFAULT_REGION={REGION}",
+        f"AWS_REGION={REGION}",
+    ]
+    if trainer:
+        env.append("HETERO_LIFECYCLE_HOOK=hetero-checkpoint")
+    return [
+        "run", "--detach", "--restart", "on-failure:5", "--name", "hetero",
+        "--network", "host", "--ipc", "host",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        *(["--gpus", "all"] if trainer else []),
+        "-v", "SPEC_DIR:SPEC_DIR:ro",
+        *[arg for pair in (("-e", e) for e in env) for arg in pair],
+        "--log-driver", "awslogs",
+        "--log-opt", f"awslogs-region={REGION}",
+        "--log-opt", f"awslogs-group={LOG_GROUP}",
+        "--log-opt", f"awslogs-stream={group}/{INSTANCE_ID}",
+        "--log-opt", "awslogs-format=json/emf",
+        image, "launch", "--spec", "/opt/hetero/deployed/cluster.toml", "--group", group,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("group", "trainer"), [("trainer", True), ("dataprep", False)])
+def test_boot_installs_the_credential_helper_pulls_and_runs_the_launcher(
+    spot: BuiltApp, tmp_path: Path, group: str, trainer: bool
+) -> None:
+    boot = Boot(tmp_path, _script(spot, group))
+    result = boot.run()
+    assert result.returncode == 0, result.stderr
+    image = _image(spot)
+    run = _expected_run(image, group, trainer)
+    run[run.index("SPEC_DIR:SPEC_DIR:ro")] = f"{boot.spec_dir}:{boot.spec_dir}:ro"
+    assert boot.calls() == [
+        ("dnf", ["install", "-y", "amazon-ecr-credential-helper"]),
+        ("docker", ["pull", image]),
+        ("curl", ["-sf", "-X", "PUT", "http://169.254.169.254/latest/api/token",
+                  "-H", "X-aws-ec2-metadata-token-ttl-seconds: 60"]),
+        ("curl", ["-sf", "-H", "X-aws-ec2-metadata-token: TOKEN",
+                  "http://169.254.169.254/latest/meta-data/instance-id"]),
+        ("docker", run),
+    ]  # fmt: skip
+    # Docker asks the credential helper for this registry: no `aws ecr get-login-password`.
+    config = json.loads((boot.docker_config / "config.json").read_text())
+    assert config == {"credHelpers": {REGISTRY: "ecr-login"}}
+    # The spec arrives at run time, byte for byte.
+    assert (boot.spec_dir / "cluster.toml").read_text() == SPOT_SPEC
+
+
+def test_network_steps_are_retried_until_they_succeed(spot: BuiltApp, tmp_path: Path) -> None:
+    boot = Boot(tmp_path, _script(spot, "dataprep"))
+    result = boot.run(docker=2, curl=1)
+    assert result.returncode == 0, result.stderr
+    names = [(name, argv[0]) for name, argv in boot.calls()]
+    assert names == [
+        ("dnf", "install"),
+        ("docker", "pull"), ("sleep", "20"),
+        ("docker", "pull"), ("sleep", "20"),
+        ("docker", "pull"),
+        ("curl", "-sf"), ("sleep", "20"),  # the token request failed once
+        ("curl", "-sf"), ("curl", "-sf"),
+        ("docker", "run"),
+    ]  # fmt: skip
+    assert 'hetero boot: "docker pull' in result.stderr and "(attempt 2 of 6)" in result.stderr
+
+
+def test_a_step_that_never_succeeds_stops_the_boot_with_a_message(
+    spot: BuiltApp, tmp_path: Path
+) -> None:
+    boot = Boot(tmp_path, _script(spot, "dataprep"))
+    result = boot.run(dnf=99)
+    assert result.returncode != 0
+    calls = boot.calls()
+    assert [c[0] for c in calls] == ["dnf", "sleep"] * 5 + ["dnf"]
+    assert not [c for c in calls if c[0] == "docker"]  # no pull, no launcher without the helper
+    assert 'giving up on "dnf install -y amazon-ecr-credential-helper"' in result.stderr
+
+
+def test_user_data_decodes_in_the_launch_template(spot: BuiltApp) -> None:
+    """The spec travels base64-encoded in the script; it must decode to the spec exactly."""
+    script = _script(spot, "trainer")
+    encoded = re.search(r"^echo (\S+) \| base64 -d", script, re.MULTILINE)
+    assert encoded is not None
+    assert base64.b64decode(encoded[1]).decode() == SPOT_SPEC
