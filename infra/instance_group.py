@@ -120,6 +120,18 @@ def user_data_script(
         f'echo {spec_b64} | base64 -d > "$HOST_SPEC_DIR/cluster.toml"',
         f"IMAGE={image_uri}",
         'REGISTRY="${IMAGE%%/*}"',
+        # Docker: the ECS AMI ships it; the DLAMI's release notes list the NVIDIA container
+        # toolkit and containerd but not Docker, so install it if absent and register the NVIDIA
+        # runtime for `--gpus`.
+        "if ! command -v docker >/dev/null; then",
+        "  retry dnf install -y docker",
+        *(
+            ["  nvidia-ctk runtime configure --runtime=docker"]
+            if group.role is Role.TRAINER
+            else []
+        ),
+        "fi",
+        "systemctl enable --now docker",
         # Registry login through the credential helper (neither AMI has the AWS CLI's
         # `ecr get-login-password` to rely on); packages come through the S3 gateway endpoint.
         "command -v docker-credential-ecr-login >/dev/null "

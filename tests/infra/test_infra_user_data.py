@@ -41,6 +41,12 @@ open(counter, "w").write(str(calls))
 if calls <= int(os.environ.get("STUB_FAIL_" + name.upper(), "0")):
     print(name + ": stand-in failure " + str(calls), file=sys.stderr)
     sys.exit(1)
+if name == "dnf" and sys.argv[1:] == ["install", "-y", "docker"]:
+    # "installs" Docker: the stand-in docker appears on PATH
+    me = open(sys.argv[0]).read()
+    path = os.path.join(os.path.dirname(sys.argv[0]), "docker")
+    open(path, "w").write(me)
+    os.chmod(path, 0o755)
 if name == "curl":
     print("TOKEN" if "PUT" in sys.argv else "{INSTANCE_ID}", end="")
 if name == "aws":
@@ -91,7 +97,7 @@ def _script(built: BuiltApp, group: str) -> str:
 class Boot:
     """Runs a user data script in a temporary host layout with the stand-ins on PATH."""
 
-    def __init__(self, tmp: Path, script: str) -> None:
+    def __init__(self, tmp: Path, script: str, *, docker_installed: bool = True) -> None:
         self.tmp = tmp
         self.spec_dir = tmp / "host" / "deployed"
         self.docker_config = tmp / "host" / "docker"
@@ -105,9 +111,11 @@ class Boot:
         )
         self.bin = tmp / "bin"
         self.bin.mkdir()
-        for name in ("dnf", "docker", "curl", "aws", "sleep"):
+        for name in ("dnf", "docker", "curl", "aws", "sleep", "systemctl", "nvidia-ctk"):
             (self.bin / name).write_text(STUB)
             (self.bin / name).chmod(0o755)
+        if not docker_installed:
+            (self.bin / "docker").unlink()
         self.log = tmp / "calls.jsonl"
 
     def run(self, **fail: int) -> subprocess.CompletedProcess[str]:
@@ -175,6 +183,7 @@ def test_boot_installs_the_credential_helper_pulls_and_runs_the_launcher(
     run = _expected_run(image, group, trainer)
     run[run.index("SPEC_DIR:SPEC_DIR:ro")] = f"{boot.spec_dir}:{boot.spec_dir}:ro"
     assert boot.calls() == [
+        ("systemctl", ["enable", "--now", "docker"]),
         ("dnf", ["install", "-y", "amazon-ecr-credential-helper"]),
         ("docker", ["pull", image]),
         ("curl", ["-sf", "-X", "PUT", "http://169.254.169.254/latest/api/token",
@@ -196,6 +205,7 @@ def test_network_steps_are_retried_until_they_succeed(spot: BuiltApp, tmp_path: 
     assert result.returncode == 0, result.stderr
     names = [(name, argv[0]) for name, argv in boot.calls()]
     assert names == [
+        ("systemctl", "enable"),
         ("dnf", "install"),
         ("docker", "pull"), ("sleep", "20"),
         ("docker", "pull"), ("sleep", "20"),
@@ -214,7 +224,7 @@ def test_a_step_that_never_succeeds_stops_the_boot_with_a_message(
     result = boot.run(dnf=99)
     assert result.returncode != 0
     calls = boot.calls()
-    assert [c[0] for c in calls] == ["dnf", "sleep"] * 5 + ["dnf"]
+    assert [c[0] for c in calls] == ["systemctl"] + ["dnf", "sleep"] * 5 + ["dnf"]
     assert not [c for c in calls if c[0] == "docker"]  # no pull, no launcher without the helper
     assert 'giving up on "dnf install -y amazon-ecr-credential-helper"' in result.stderr
 
@@ -225,3 +235,24 @@ def test_user_data_decodes_in_the_launch_template(spot: BuiltApp) -> None:
     encoded = re.search(r"^echo (\S+) \| base64 -d", script, re.MULTILINE)
     assert encoded is not None
     assert base64.b64decode(encoded[1]).decode() == SPOT_SPEC
+
+
+@pytest.mark.parametrize(("group", "trainer"), [("trainer", True), ("dataprep", False)])
+def test_docker_is_installed_when_the_ami_lacks_it(
+    spot: BuiltApp, tmp_path: Path, group: str, trainer: bool
+) -> None:
+    """The DLAMI's release notes do not list Docker: the boot installs it (and, on GPU hosts,
+    registers the NVIDIA runtime that `--gpus all` needs) before anything uses it."""
+    boot = Boot(tmp_path, _script(spot, group), docker_installed=False)
+    result = boot.run(dnf=1)
+    assert result.returncode == 0, result.stderr
+    first = [(name, argv) for name, argv in boot.calls()][:5]
+    assert first == [
+        ("dnf", ["install", "-y", "docker"]),  # failed once: retried
+        ("sleep", ["20"]),
+        ("dnf", ["install", "-y", "docker"]),
+        *([("nvidia-ctk", ["runtime", "configure", "--runtime=docker"])] if trainer else []),
+        ("systemctl", ["enable", "--now", "docker"]),
+        *([] if trainer else [("dnf", ["install", "-y", "amazon-ecr-credential-helper"])]),
+    ]
+    assert boot.calls()[-1][1][0] == "run"
