@@ -24,6 +24,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from training import aws_tags
+from training.preflight import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training.spec import ClusterSpec, InstanceGroup, Market, Role
 
 logger = logging.getLogger(__name__)
@@ -37,11 +38,7 @@ logger = logging.getLogger(__name__)
 # Neither image is logged in to ECR with the CLI: the user data installs the Amazon ECR credential
 # helper from the AL2023 repositories (dnf; github.com/awslabs/amazon-ecr-credential-helper, section
 # "Amazon Linux 2023") and Docker fetches registry credentials through it with the instance role.
-TRAINER_AMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/"
-    "base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
-)
-DATAPREP_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
+# The parameter names live with `hetero preflight`, which checks that they resolve.
 ROOT_DEVICE = "/dev/xvda"
 LAUNCHER_RESTARTS = 5
 """Docker restarts of a launcher that exits non-zero (``docker run --restart on-failure:N``)."""

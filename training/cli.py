@@ -22,7 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("training.launcher.launch", "the container entry point: run this host's role"),
     "local": ("training.launcher.local", "run the whole heterogeneous topology on this machine"),
     "status": ("training.launcher.status", "show a deployed job: groups, instances, outcome"),
+    "job": ("training.launcher.jobstart", "start another job on the deployed cluster"),
     "rehearse": ("training.rehearsal.cli", "rehearse the spec's AWS lifecycle here, with faults"),
+    "sagemaker": ("training.sagemaker_submit", "submit the spec as a SageMaker heterogeneous job"),
+    "preflight": ("training.preflight", "check quotas, AZ, AMIs, Spot score, CDK bootstrap first"),
 }
 
 
