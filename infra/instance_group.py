@@ -144,7 +144,9 @@ def user_data_script(
         # Host networking: NCCL, EFA and the data plane's gRPC port see the instance's address.
         # The launcher retries a failed role itself (restart budget); Docker restarts the
         # launcher if it dies, and the restarted one reads the job record before running.
-        # awslogs-format json/emf: CloudWatch extracts the trainer's embedded-format metrics.
+        # The trainer's EMF lines need no log option: CloudWatch Logs extracts metrics from EMF
+        # events; the json/emf header is optional
+        # (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Generation_PutLogEvents.html).
         f"docker run --detach --restart on-failure:{LAUNCHER_RESTARTS} --name hetero "
         "--network host --ipc host "
         f"--ulimit memlock=-1 --ulimit stack=67108864 {gpu_flags}$EFA_DEVICES"
@@ -154,7 +156,6 @@ def user_data_script(
         f"--log-opt awslogs-region={region} "
         f"--log-opt awslogs-group={log_group_name} "
         f'--log-opt awslogs-stream={group.name}/"$INSTANCE_ID" '
-        "--log-opt awslogs-format=json/emf "
         f'"$IMAGE" launch --spec {aws_tags.DEPLOYED_SPEC_PATH} --group {group.name}',
     ]
 
@@ -295,6 +296,13 @@ class InstanceGroupFleet(Construct):
             max_capacity=group.count,
             desired_capacity=group.count,
             capacity_rebalance=group.market is Market.SPOT,
+            # Instances in service, graphed on the dashboard (1-minute group metrics, no charge:
+            # https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-metrics.html).
+            group_metrics=(
+                [autoscaling.GroupMetrics(autoscaling.GroupMetric.IN_SERVICE_INSTANCES)]
+                if group.role is Role.TRAINER
+                else None
+            ),
         )
         # Intended: a deploy that changes the group sets it to the spec's count, which is how a
         # deployed job starts; the launcher scales it to zero when the job ends.

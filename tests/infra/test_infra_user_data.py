@@ -167,7 +167,6 @@ def _expected_run(image: str, group: str, trainer: bool) -> list[str]:
         "--log-opt", f"awslogs-region={REGION}",
         "--log-opt", f"awslogs-group={LOG_GROUP}",
         "--log-opt", f"awslogs-stream={group}/{INSTANCE_ID}",
-        "--log-opt", "awslogs-format=json/emf",
         image, "launch", "--spec", "/opt/hetero/deployed/cluster.toml", "--group", group,
     ]  # fmt: skip
 

@@ -69,6 +69,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="in-memory synthetic batches, no augmentation (tests, loop-overhead benchmarks)",
     )
+    p.add_argument(
+        "--emf",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rank 0 prints each logged interval as a CloudWatch Embedded Metric Format JSON "
+        "line on stdout (default: on where HETERO_CLUSTER is set, as on the stack's instances)",
+    )
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     return p.parse_args(argv)
 
@@ -100,6 +107,7 @@ def _main(argv: Sequence[str] | None) -> int:
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_s3_uri=args.checkpoint_s3_uri,
             synthetic=args.synthetic_data,
+            emf=args.emf,
         )
     except (SpecError, ConfigError) as e:
         print(e, file=sys.stderr)

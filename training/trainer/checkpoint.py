@@ -139,6 +139,16 @@ def latest_complete(directory: Path) -> Path | None:
     return None
 
 
+def completed_at(path: Path) -> float | None:
+    """When the checkpoint in ``path`` was marked complete (Unix seconds, from its marker), or
+    None if the marker is missing or has no time (not collective)."""
+    try:
+        value = json.loads((path / MARKER).read_text()).get("time")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 

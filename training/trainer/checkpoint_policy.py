@@ -79,6 +79,9 @@ class CheckpointPolicy:
         self.final_retry_s = final_retry_s
         self.checkpoint_step: int | None = None
         """The newest complete checkpoint: saved by this run, or the one it resumed from."""
+        self.checkpoint_time: float | None = None
+        """When ``checkpoint_step`` became durable (Unix seconds): this rank's clock when this
+        run completed it, or the marker's time of the checkpoint it resumed from."""
         self.records: list[SaveRecord] = []
         self.final_save_s: float | None = None
         """From the start of the last save of the run (stop or end) to a durable checkpoint."""
@@ -101,9 +104,19 @@ class CheckpointPolicy:
     def due(self, step: int) -> bool:
         return step % self.interval_steps == 0 or step == self._retry_at
 
-    def resumed(self, step: int) -> None:
-        """The run resumed from the complete checkpoint of ``step``."""
+    def resumed(self, step: int, completed_at: float | None = None) -> None:
+        """The run resumed from the complete checkpoint of ``step``, marked complete at
+        ``completed_at`` (Unix seconds; None if unknown)."""
         self.checkpoint_step = step
+        self.checkpoint_time = completed_at
+
+    def checkpoint_age_s(self, now: float | None = None) -> float | None:
+        """Seconds from the newest durable checkpoint to ``now`` (default: the wall clock);
+        None when there is none or its time is unknown. Never negative (hosts' clocks may
+        differ slightly)."""
+        if self.checkpoint_time is None:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.checkpoint_time)
 
     # -- the training loop's calls ----------------------------------------------------------
 
@@ -234,6 +247,7 @@ class CheckpointPolicy:
     def _done(self, record: SaveRecord) -> None:
         record.saved = True
         self.checkpoint_step = record.step
+        self.checkpoint_time = time.time()
         self._retry_at = None
         log.info(
             "checkpoint step %d complete (%s, %s): the training loop stalled %.3fs for it",

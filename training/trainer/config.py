@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.aws_tags import ENV_CLUSTER
 from training.spec import ClusterSpec, Parallelism, Precision
 from training.trainer.checkpoint_s3 import parse_s3_uri
 
@@ -150,6 +151,11 @@ class TrainerConfig:
     timeouts: Timeouts = Timeouts()
     sample_log_dir: Path | None = None
     """Where each rank logs the sample ids of every applied step (``HETERO_SAMPLE_LOG_DIR``)."""
+    emf_cluster: str | None = None
+    """When set, rank 0 also prints each logged interval as a CloudWatch Embedded Metric Format
+    line on stdout, with this ``Cluster`` dimension (``training.trainer.emf``): on by default
+    where ``HETERO_CLUSTER`` is set (the stack's user data sets it), or with ``--emf``; None
+    (local runs, ``--no-emf``): no such lines."""
 
     @classmethod
     def from_spec(
@@ -163,10 +169,13 @@ class TrainerConfig:
         checkpoint_dir: str | Path | None = None,
         checkpoint_s3_uri: str | None = None,
         synthetic: bool = False,
+        emf: bool | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> TrainerConfig:
         """Build and validate the trainer's view of ``spec``; flags win over spec fields.
-        ``environ`` (default: this process's environment) gives the ``HETERO_*`` settings."""
+        ``environ`` (default: this process's environment) gives the ``HETERO_*`` settings.
+        ``emf``: True/False force EMF metric lines on/off; None: on where ``HETERO_CLUSTER``
+        is set. Their ``Cluster`` dimension is ``HETERO_CLUSTER``, else the spec's name."""
         job = spec.job
         env = os.environ if environ is None else environ
         problems: list[str] = []
@@ -190,6 +199,11 @@ class TrainerConfig:
         )
         final_retry = seconds(ENV_FINAL_SAVE_RETRY, CheckpointConfig.final_save_retry_s)
         sample_log = env.get(ENV_SAMPLE_LOG_DIR, "").strip()
+        cluster_env = env.get(ENV_CLUSTER, "").strip()
+        # EMF lines only where CloudWatch Logs reads stdout (the stack sets HETERO_CLUSTER) or
+        # where asked for; a local run's console stays free of them.
+        emf_on = emf if emf is not None else bool(cluster_env)
+        emf_cluster = (cluster_env or spec.name) if emf_on else None
         if steps is not None and steps < 1:
             problems.append(f"--steps must be at least 1, got {steps}")
         if max_seconds is not None and max_seconds <= 0:
@@ -278,4 +292,5 @@ class TrainerConfig:
             log_every_steps=job.log_every_steps,
             timeouts=timeouts,
             sample_log_dir=Path(sample_log) if sample_log else None,
+            emf_cluster=emf_cluster,
         )

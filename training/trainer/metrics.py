@@ -3,7 +3,9 @@
 Every ``log_every_steps`` steps (and at the end) the loop hands an interval's counters to
 ``MetricsLogger.log``; rank 0 writes one JSON object per line to ``<run_dir>/metrics.jsonl``,
 prints a progress line, and at the end prints a summary table, writes ``summary.json`` and
-plots samples/s and data-wait share to ``metrics.png``.
+plots samples/s and data-wait share to ``metrics.png``. Where enabled (``emf_cluster``: on the
+stack's instances), rank 0 also prints each interval as a CloudWatch Embedded Metric Format line
+on stdout (``training.trainer.emf``), which CloudWatch Logs turns into metrics.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import psutil
 import torch
 from rich.console import Console
 from rich.table import Table
+
+from training.trainer.emf import emf_document, write_emf
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +111,21 @@ class RunFacts:
 class MetricsLogger:
     """Turns interval counters into records; rank 0 writes them out."""
 
-    def __init__(self, run_dir: Path, facts: RunFacts, *, rank: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        facts: RunFacts,
+        *,
+        rank: int,
+        device: torch.device,
+        emf_cluster: str | None = None,
+    ) -> None:
+        """``emf_cluster``: print EMF lines with this ``Cluster`` dimension (rank 0 only);
+        None: none."""
         self.run_dir = run_dir
         self.facts = facts
         self.rank = rank
+        self.emf_cluster = emf_cluster
         self.records: list[dict[str, Any]] = []
         self._gpu = GpuMonitor(device)
         self._device = device
@@ -130,8 +145,10 @@ class MetricsLogger:
         lr: float,
         data_wait_share: float,
         epoch: int,
+        checkpoint_age_s: float | None = None,
     ) -> dict[str, Any]:
-        """Record one interval (``loss`` and ``data_wait_share`` already averaged over ranks)."""
+        """Record one interval (``loss`` and ``data_wait_share`` already averaged over ranks;
+        ``checkpoint_age_s``: seconds since the newest durable checkpoint, None if none)."""
         elapsed = max(time.perf_counter() - interval.started, 1e-9)
         steps = max(interval.steps, 1)
         samples_per_s = self.facts.global_batch * steps / elapsed
@@ -151,6 +168,7 @@ class MetricsLogger:
             "gpu_util_pct": self._gpu.utilisation_pct(),
             "steps": steps,
             "checkpoint_stall_s": interval.checkpoint_s,
+            "checkpoint_age_s": checkpoint_age_s,
         }
         if self._device.type == "cuda":
             record["gpu_mem_peak_gib"] = torch.cuda.max_memory_allocated(self._device) / 2**30
@@ -158,6 +176,13 @@ class MetricsLogger:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
             self._console.print(progress_line(record, self.facts.total_steps), highlight=False)
+        if self.rank == 0 and self.emf_cluster is not None:
+            document = emf_document(record, cluster=self.emf_cluster)
+            try:
+                if document is not None:
+                    write_emf(document)
+            except OSError as e:  # A closed stdout costs the metric line, never the run.
+                log.warning("EMF metrics line not written: %s", e)
         return record
 
     def _mfu(self, samples_per_s: float) -> float | None:

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.data import Batch
 from training.outcome import Outcome, RankOutcome
-from training.trainer.checkpoint import Checkpointer, Restored
+from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import TrainerConfig
@@ -165,8 +165,9 @@ class Trainer:
         )
         self.state_bytes: dict[str, int] = {}
         self.metrics = MetricsLogger(
-            config.run_dir, self._facts(), rank=self.rank, device=self.device
-        )
+            config.run_dir, self._facts(), rank=self.rank, device=self.device,
+            emf_cluster=config.emf_cluster,
+        )  # fmt: skip
 
     def _facts(self) -> RunFacts:
         c = self.config
@@ -193,7 +194,9 @@ class Trainer:
             log.info("no checkpoint in %s: starting at step 0", where)
             return
         self.step = self.restored.step
-        self.policy.resumed(self.step)
+        # The checkpoint's own completion time: its age spans the restart (rank 0 reports it).
+        saved_at = completed_at(self.restored.path) if self.rank == 0 else None
+        self.policy.resumed(self.step, saved_at)
         positions = self.restored.data_state
         if self.restored.world_size == self.world_size and len(positions) == self.world_size:
             self.stream.load_state_dict(positions[self.rank])
@@ -410,7 +413,7 @@ class Trainer:
             log.warning("step %d: loss is %s", self.step, loss)
         self.metrics.log(
             self.step, interval, loss=loss, lr=lr, data_wait_share=wait_share,
-            epoch=self.stream.epoch,
+            epoch=self.stream.epoch, checkpoint_age_s=self.policy.checkpoint_age_s(),
         )  # fmt: skip
 
     def close(self) -> None:

@@ -1,0 +1,156 @@
+"""A CloudWatch dashboard of one cluster's training: throughput, data wait, samples per dollar,
+GPU utilisation and checkpoint age, and optionally the trainer groups' in-service instances.
+
+The trainer metrics are not sent by any API call: rank 0 of the trainer prints one CloudWatch
+Embedded Metric Format line per logged interval on stdout (``training.trainer.emf``), Docker's
+``awslogs`` driver ships stdout to the cluster's log group, and CloudWatch Logs extracts the
+metrics (namespace ``hetero``, dimension ``Cluster`` = the spec's name). EMF specification:
+https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html
+
+The in-service graph reads ``AWS/AutoScaling`` ``GroupInServiceInstances``, which Amazon EC2
+Auto Scaling publishes only for groups with group metrics collection enabled
+(https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-metrics.html); without
+it that graph stays empty.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+from constructs import Construct
+
+from training.aws_tags import METRICS_NAMESPACE
+from training.trainer.emf import DIMENSION_CLUSTER, EMF_METRICS
+
+logger = logging.getLogger(__name__)
+
+PERIOD: Final = Duration.seconds(60)
+"""Every graph aggregates over one minute (the trainer logs an interval every few seconds)."""
+
+STATISTICS: Final[dict[str, str]] = {
+    "SamplesPerSecond": cw.Stats.AVERAGE,
+    "DataWaitShare": cw.Stats.AVERAGE,
+    "SamplesPerDollar": cw.Stats.AVERAGE,
+    "GPUUtilization": cw.Stats.AVERAGE,
+    # The age saw-tooths between saves: the minute's worst is what a Spot loss would cost.
+    "CheckpointAge": cw.Stats.MAXIMUM,
+}
+"""Rates and shares are averaged over the minute; the checkpoint age takes its maximum."""
+
+TITLES: Final[dict[str, str]] = {
+    "SamplesPerSecond": "Throughput (samples/s, global)",
+    "DataWaitShare": "Data-wait share (% of step time)",
+    "SamplesPerDollar": "Samples per dollar (whole cluster's price)",
+    "GPUUtilization": "GPU utilisation (%, rank 0's GPU)",
+    "CheckpointAge": "Checkpoint age (s since the newest durable checkpoint)",
+}
+
+_PERCENT_AXIS = cw.YAxisProps(min=0, max=100, show_units=False)
+
+
+def dashboard_name(cluster_name: str) -> str:
+    """The dashboard's name: ``<cluster>-training`` (spec names fit CloudWatch's rule of
+    letters, digits, ``-`` and ``_``)."""
+    return f"{cluster_name}-training"
+
+
+def trainer_metric(cluster_name: str, metric_name: str) -> cw.Metric:
+    """One of the trainer's EMF metrics of cluster ``cluster_name``, as the dashboard graphs
+    it (one-minute period, the statistic from ``STATISTICS``)."""
+    return cw.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=metric_name,
+        dimensions_map={DIMENSION_CLUSTER: cluster_name},
+        period=PERIOD,
+        statistic=STATISTICS[metric_name],
+        label=metric_name,
+    )
+
+
+class ClusterDashboard(Construct):
+    """The ``<cluster>-training`` dashboard (see the module doc).
+
+    Attributes: ``dashboard``, ``metrics`` (the trainer metrics by name).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster_name: str,
+        trainer_asg_names: Sequence[str] = (),
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.metrics = {m.name: trainer_metric(cluster_name, m.name) for m in EMF_METRICS}
+        missing = set(self.metrics) ^ set(STATISTICS)
+        if missing:  # A metric added to the trainer needs a statistic and a title here.
+            raise ValueError(f"dashboard and trainer disagree on metrics: {sorted(missing)}")
+
+        def graph(name: str) -> cw.GraphWidget:
+            percent = name in ("DataWaitShare", "GPUUtilization")
+            return cw.GraphWidget(
+                title=TITLES[name],
+                left=[self.metrics[name]],
+                # Also the widget's default statistic, so the body names it even for Average
+                # (which CDK leaves out of each metric's options).
+                statistic=STATISTICS[name],
+                left_y_axis=_PERCENT_AXIS if percent else cw.YAxisProps(min=0),
+                width=12,
+                height=6,
+            )
+
+        rows: list[list[cw.IWidget]] = [
+            [cw.TextWidget(markdown=_about(cluster_name, trainer_asg_names), width=24, height=4)],
+            [graph("SamplesPerSecond"), graph("SamplesPerDollar")],
+            [graph("DataWaitShare"), graph("GPUUtilization")],
+        ]
+        last: list[cw.IWidget] = [graph("CheckpointAge")]
+        if trainer_asg_names:
+            last.append(
+                cw.GraphWidget(
+                    title="Trainer instances in service",
+                    left=[
+                        cw.Metric(
+                            namespace="AWS/AutoScaling",
+                            metric_name="GroupInServiceInstances",
+                            dimensions_map={"AutoScalingGroupName": name},
+                            period=PERIOD,
+                            statistic=cw.Stats.AVERAGE,
+                            label=name,
+                        )
+                        for name in trainer_asg_names
+                    ],
+                    statistic=cw.Stats.AVERAGE,
+                    left_y_axis=cw.YAxisProps(min=0),
+                    width=12,
+                    height=6,
+                )
+            )
+        rows.append(last)
+        self.dashboard = cw.Dashboard(
+            self, "Dashboard", dashboard_name=dashboard_name(cluster_name), widgets=rows
+        )
+
+
+def _about(cluster_name: str, trainer_asg_names: Sequence[str]) -> str:
+    """The text widget: where the numbers come from, so a blank graph can be explained."""
+    lines = [
+        f"## Training of cluster `{cluster_name}`",
+        "Rank 0 of the trainer prints one CloudWatch Embedded Metric Format line per logged "
+        "interval on stdout; Docker's awslogs driver sends it to the cluster's log group and "
+        f"CloudWatch Logs extracts the metrics (namespace `{METRICS_NAMESPACE}`, dimension "
+        f"`{DIMENSION_CLUSTER}={cluster_name}`, one-minute graphs). A metric that could not be "
+        "measured in an interval (no GPU or NVML, no price, no checkpoint yet) is left out, "
+        "not drawn as 0.",
+    ]
+    if trainer_asg_names:
+        lines.append(
+            "Instances in service: `AWS/AutoScaling` `GroupInServiceInstances`, published only "
+            "when group metrics collection is enabled on the Auto Scaling groups."
+        )
+    return "\n\n".join(lines)
