@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlparse
 
-from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -16,6 +17,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from training import aws_tags
+from training.sagemaker_submit import JOB_PREFIX, SPEC_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -124,11 +126,49 @@ def _allow_put_metrics(role: iam.Role, namespaces: Sequence[str]) -> None:
     )
 
 
+def dataset_location(dataset_uri: str) -> tuple[str, str]:
+    """(bucket, key prefix) of an ``s3://bucket/prefix/`` dataset URI, the prefix as the
+    dataset reader lists it (``training/data/datasets.py``: ending in '/', or empty)."""
+    parsed = urlparse(dataset_uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(f"dataset URI {dataset_uri!r} must look like s3://bucket/prefix/")
+    prefix = parsed.path.lstrip("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return parsed.netloc, prefix
+
+
+def grant_dataset_read(grantee: iam.IGrantable, dataset_uri: str) -> None:
+    """Let ``grantee`` list and read the objects under ``dataset_uri`` (the spec's
+    ``job.dataset.path`` with ``source = "s3"``, ``s3://bucket/prefix/``) and nothing else in
+    that bucket: the trainer and the data servers read the images from S3 themselves."""
+    bucket, prefix = dataset_location(dataset_uri)
+    # The dataset bucket is the user's, not the stack's: its ARN is built, not referenced.
+    bucket_arn = f"arn:{Aws.PARTITION}:s3:::{bucket}"
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="DatasetObjects",
+            actions=["s3:GetObject"],
+            resources=[f"{bucket_arn}/{prefix}*"],
+        )
+    )
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="DatasetListing",
+            actions=["s3:ListBucket"],
+            resources=[bucket_arn],
+            # A dataset at the bucket's root lists with no prefix: no condition can apply.
+            conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}} if prefix else None,
+        )
+    )
+
+
 class InstanceRole(Construct):
     """The role of every EC2 instance in the cluster, with only what the launcher needs.
 
     Pull this cluster's image; read/write the checkpoint prefix; write to the cluster's log
-    group and metrics namespace; ``ec2:DescribeInstances`` (peer discovery); scale the cluster's
+    group (the trainer's metrics travel in it as embedded-metric-format events, so no
+    ``cloudwatch:PutMetricData``); ``ec2:DescribeInstances`` (peer discovery); scale the cluster's
     own Auto Scaling groups (by name and by ``hetero:cluster`` tag) at job end; Session Manager.
 
     Attributes: ``role``.
@@ -161,7 +201,6 @@ class InstanceRole(Construct):
         image.asset.repository.grant_pull(self.role)
         checkpoints.grant_checkpoint_access(self.role)
         log_group.grant_write(self.role)
-        _allow_put_metrics(self.role, [aws_tags.METRICS_NAMESPACE])
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="PeerDiscovery",
@@ -203,8 +242,10 @@ class InstanceRole(Construct):
 
 class SageMakerExecutionRole(Construct):
     """The execution role for this cluster's SageMaker heterogeneous training jobs: pull the
-    image, use the checkpoint prefix, write training-job logs and metrics, and create the
-    network interfaces SageMaker puts into the cluster subnet.
+    image, use the checkpoint prefix, read each job's spec channel and write its output under
+    the bucket's ``sagemaker/`` prefix (``hetero sagemaker submit``), read the spec's S3 dataset
+    (``dataset_uri``), write training-job logs and metrics, and create the network interfaces
+    SageMaker puts into the cluster subnet.
 
     Attributes: ``role``.
     """
@@ -217,6 +258,7 @@ class SageMakerExecutionRole(Construct):
         cluster_name: str,
         image: ClusterImage,
         checkpoints: CheckpointBucket,
+        dataset_uri: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -228,6 +270,36 @@ class SageMakerExecutionRole(Construct):
         )
         image.asset.repository.grant_pull(self.role)
         checkpoints.grant_checkpoint_access(self.role)
+        # A job's files live under sagemaker/<job>/: SageMaker lists and downloads the spec
+        # channel (sagemaker/<job>/spec/) and uploads the output (sagemaker/<job>/output/)
+        # with this role: s3:ListBucket, s3:GetObject and s3:PutObject scoped to the channel's
+        # S3Uri and the S3OutputPath
+        # (https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html#sagemaker-roles-createtrainingjob-perms).
+        bucket = checkpoints.bucket
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SageMakerJobOutput",
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects(f"{JOB_PREFIX}/*")],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SageMakerJobSpec",
+                actions=["s3:GetObject"],
+                resources=[bucket.arn_for_objects(f"{JOB_PREFIX}/*/{SPEC_CHANNEL}/*")],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SageMakerJobListing",
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [JOB_PREFIX, f"{JOB_PREFIX}/*"]}},
+            )
+        )
+        if dataset_uri is not None:
+            grant_dataset_read(self.role, dataset_uri)
         training_logs = stack.format_arn(
             service="logs",
             resource="log-group",

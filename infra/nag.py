@@ -11,6 +11,9 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
+from infra.cluster import dataset_location
+from training.sagemaker_submit import JOB_PREFIX, SPEC_CHANNEL
+
 if TYPE_CHECKING:
     from infra.stacks import ClusterStack, NetworkStack
 
@@ -20,8 +23,8 @@ REASON_STAR_REQUIRED = (
     "These actions support no resource-level permissions, so AWS requires Resource '*': "
     "ecr:GetAuthorizationToken (registry login), ec2:DescribeInstances and "
     "autoscaling:DescribeAutoScalingInstances (peer and data server discovery), "
-    "cloudwatch:PutMetricData (scoped by a cloudwatch:namespace condition instead) and, for "
-    "SageMaker, the EC2 network-interface actions it needs to join the cluster subnet."
+    "and, for SageMaker, cloudwatch:PutMetricData (scoped by a cloudwatch:namespace condition "
+    "instead) and the EC2 network-interface actions it needs to join the cluster subnet."
 )
 REASON_CHECKPOINT_PREFIX = (
     "Object access is limited to the checkpoint prefix of this cluster's own bucket; the "
@@ -36,6 +39,15 @@ REASON_ASG_ARN = (
 REASON_SAGEMAKER_LOGS = (
     "SageMaker training jobs write to log streams named after the job inside the fixed "
     "/aws/sagemaker/TrainingJobs log group; the stream names are only known at run time."
+)
+REASON_SAGEMAKER_JOB_FILES = (
+    "Each SageMaker job keeps its files under sagemaker/<job name>/ in this cluster's own "
+    "bucket: the role reads the job's spec channel (sagemaker/<job>/spec/) and writes its "
+    "output; job names are chosen at submit time, so the job part of the key is a wildcard."
+)
+REASON_DATASET_PREFIX = (
+    "Read-only access to the S3 prefix the spec names as its dataset (GetObject on the objects "
+    "under it, ListBucket only with that prefix); the trailing * names the images under it."
 )
 
 
@@ -137,6 +149,23 @@ def acknowledge_findings(
             REASON_SAGEMAKER_LOGS,
         )
     )
+    for resource in (
+        f"{bucket_arn}/{JOB_PREFIX}/*",
+        f"{bucket_arn}/{JOB_PREFIX}/*/{SPEC_CHANNEL}/*",
+    ):
+        acks.append(
+            _ack(
+                sagemaker_role,
+                f"AwsSolutions-IAM5[Resource::{resource}]",
+                REASON_SAGEMAKER_JOB_FILES,
+            )
+        )
+    if cluster.dataset_uri is not None:
+        dataset_bucket, dataset_prefix = dataset_location(cluster.dataset_uri)
+        objects = f"arn:<AWS::Partition>:s3:::{dataset_bucket}/{dataset_prefix}*"
+        finding = f"AwsSolutions-IAM5[Resource::{objects}]"
+        for role in (instance_role, sagemaker_role):
+            acks.append(_ack(role, finding, REASON_DATASET_PREFIX))
     for ack in acks:
         logger.debug("cdk-nag: acknowledged %s on %s", ack.rule, ack.path)
     return acks

@@ -24,11 +24,14 @@ from infra.cluster import (
     ClusterPlacement,
     InstanceRole,
     SageMakerExecutionRole,
+    grant_dataset_read,
 )
+from infra.dashboard import ClusterDashboard
 from infra.instance_group import InstanceGroupFleet
+from infra.job import JobParameter
 from infra.network import ClusterNetwork
 from training import aws_tags
-from training.spec import ClusterSpec
+from training.spec import ClusterSpec, DatasetSource
 
 if TYPE_CHECKING:
     from infra.nag import NagAcknowledgment
@@ -54,7 +57,7 @@ class NetworkStack(cdk.Stack):
 class ClusterStack(cdk.Stack):
     """Everything one job runs on: placement group, image, bucket, logs, roles and a fleet per
     instance group. Attributes: ``placement``, ``image``, ``checkpoints``, ``log_group``,
-    ``instance_role``, ``sagemaker_role``, ``fleets`` (by group name)."""
+    ``instance_role``, ``sagemaker_role``, ``fleets`` (by group name), ``dashboard``, ``job``."""
 
     def __init__(
         self,
@@ -80,16 +83,21 @@ class ClusterStack(cdk.Stack):
         self.checkpoints = CheckpointBucket(
             self, "Checkpoints", destroy_on_delete=destroy_checkpoints
         )
+        # No fixed name: a retained group keeps its name after `cdk destroy`, and a fixed name
+        # would make the next deploy fail ("already exists"). CloudFormation names it
+        # `<stack>-ContainerLogs...-<suffix>`; the LogGroupName output says which.
         self.log_group = logs.LogGroup(
             self,
             "ContainerLogs",
-            log_group_name=f"/hetero/{spec.name}",
             retention=logs.RetentionDays.THREE_MONTHS,
             # Logs of a finished job stay readable after destroy unless checkpoints go too.
             removal_policy=(
                 cdk.RemovalPolicy.DESTROY if destroy_checkpoints else cdk.RemovalPolicy.RETAIN
             ),
         )
+        dataset = spec.job.dataset
+        dataset_uri = dataset.path if dataset.source is DatasetSource.S3 else None
+        self.dataset_uri = dataset_uri
         self.instance_role = InstanceRole(
             self,
             "InstanceRole",
@@ -99,12 +107,24 @@ class ClusterStack(cdk.Stack):
             log_group=self.log_group,
             asg_names=asg_names,
         )
+        if dataset_uri is not None:
+            grant_dataset_read(self.instance_role.role, dataset_uri)
+        # The current job (id, checkpoint folder): a changed spec deploys a fresh job.
+        self.job = JobParameter(
+            self,
+            "Job",
+            cluster_name=spec.name,
+            spec_text=spec_text,
+            checkpoint_base_uri=self.checkpoints.uri,
+        )
+        self.job.grant_read(self.instance_role.role)
         self.sagemaker_role = SageMakerExecutionRole(
             self,
             "SageMakerRole",
             cluster_name=spec.name,
             image=self.image,
             checkpoints=self.checkpoints,
+            dataset_uri=dataset_uri,
         )
         self.fleets: dict[str, InstanceGroupFleet] = {}
         for group in spec.groups:
@@ -124,6 +144,13 @@ class ClusterStack(cdk.Stack):
                 checkpoint_uri=self.checkpoints.uri,
                 asg_names=asg_names,
             )
+        # The trainer's metrics arrive as EMF log lines (training.trainer.emf): graphed here.
+        self.dashboard = ClusterDashboard(
+            self,
+            "Dashboard",
+            cluster_name=spec.name,
+            trainer_asg_names=[self.fleets[spec.trainer_group.name].asg_name],
+        )
 
         outputs = {
             "ImageUri": (self.image.image_uri, "container image every instance runs"),
@@ -136,6 +163,10 @@ class ClusterStack(cdk.Stack):
                 "instance groups (also SageMaker instance group names)",
             ),
             "InstanceRoleArn": (self.instance_role.role.role_arn, "role of the EC2 instances"),
+            "JobParameterName": (
+                self.job.parameter_name,
+                "SSM parameter naming the current job (hetero job start changes it)",
+            ),
             "SageMakerRoleArn": (
                 self.sagemaker_role.role.role_arn,
                 "execution role for SageMaker training jobs",
@@ -148,6 +179,10 @@ class ClusterStack(cdk.Stack):
             "PlacementGroupName": (
                 self.placement.placement_group.placement_group_name,
                 "the cluster placement group",
+            ),
+            "DashboardName": (
+                self.dashboard.dashboard.dashboard_name,
+                "CloudWatch dashboard of the trainer's metrics",
             ),
         }
         for key, (value, description) in outputs.items():

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import botocore.session
 import pytest
 
+from training.aws_tags import asg_name
 from training.spec import (
     Efa,
     Market,
@@ -241,3 +244,55 @@ def test_dataplane_server_memory() -> None:
     assert problems(bad) == ["job.dataplane.server_memory_mb: must be at least 0, got -1"]
     wrong_type = spec_with(job={"batch_size": 8, "dataplane": {"server_memory_mb": "1 GB"}})
     assert any("server_memory_mb" in p for p in problems(wrong_type))
+
+
+# SageMaker's heterogeneous-cluster examples name groups with '_'.
+SAGEMAKER_STYLE_GROUPS: list[dict[str, Any]] = [
+    {"name": "dnn_group", "role": "trainer", "instance_types": ["g5.xlarge"], "count": 2},
+    {"name": "data_group", "role": "dataprep", "instance_types": ["c6i.4xlarge"], "count": 1},
+]
+
+
+def _service_rule(service: str, shape: str) -> tuple[re.Pattern[str], int, int]:
+    """(pattern, min, max) of a string shape in botocore's model of ``service``."""
+    meta = botocore.session.get_session().get_service_model(service).shape_for(shape).metadata
+    # The models write supplementary characters as Java's UTF-16 surrogate range; Python's re
+    # wants code points.
+    pattern = meta["pattern"].replace(r"\uD800\uDC00-\uDBFF\uDFFF", r"\U00010000-\U0010FFFF")
+    return re.compile(pattern), meta.get("min", 0), meta["max"]
+
+
+def test_group_names_may_use_underscores_where_every_aws_name_accepts_them() -> None:
+    spec = parse_spec(spec_with(groups=copy.deepcopy(SAGEMAKER_STYLE_GROUPS)))
+    assert [g.name for g in spec.groups] == ["dnn_group", "data_group"]
+    assert spec.trainer_group.name == "dnn_group"
+    # Each name a group flows into, checked against the service's own rule in botocore's model.
+    derived = {
+        ("sagemaker", "InstanceGroupName"): [g.name for g in spec.groups],
+        ("autoscaling", "XmlStringMaxLen255"): [asg_name(spec.name, g.name) for g in spec.groups],
+        ("autoscaling", "TagValue"): [g.name for g in spec.groups],
+        # The container's log stream on EC2: <group>/<instance id>.
+        ("logs", "LogStreamName"): [f"{g.name}/i-0123456789abcdef0" for g in spec.groups],
+    }
+    for (service, shape), names in derived.items():
+        pattern, low, high = _service_rule(service, shape)
+        for name in names:
+            assert pattern.fullmatch(name) and low <= len(name) <= high, (service, shape, name)
+
+
+@pytest.mark.parametrize("bad", ["Trainer", "a b", "1group", "_group", "g" * 32, "trainer\n"])
+def test_bad_group_names_are_refused_by_field(bad: str) -> None:
+    groups = copy.deepcopy(SAGEMAKER_STYLE_GROUPS)
+    groups[1]["name"] = bad
+    assert problems(spec_with(groups=groups)) == [
+        f"groups[1].name: {bad!r} must start with a lowercase letter, then lowercase letters, "
+        "digits, '-' or '_', 1-31 characters (e.g. 'trainer', 'dnn_group')"
+    ]
+
+
+@pytest.mark.parametrize("bad", ["vit_cluster", "vit\n"])
+def test_cluster_name_keeps_stack_name_rule(bad: str) -> None:
+    # The cluster name becomes CloudFormation stack names: no '_' there.
+    assert problems(spec_with(name=bad)) == [
+        f"name: {bad!r} must be lowercase letters, digits and '-', 1-31 characters"
+    ]

@@ -20,7 +20,13 @@ from typing import Any, TypeVar, cast
 from training import instance_types
 
 DEFAULT_SPEC_PATH = Path("cluster.toml")
-_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,30}")
+"""Cluster names: they become CloudFormation stack names (``<name>-cluster``), which allow
+letters, digits and '-' only."""
+_GROUP_NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,30}")
+"""Group names also allow '_' (SageMaker heterogeneous-cluster examples use names such as
+``dnn_group``); every place a group name goes accepts it: Auto Scaling group names, tags, CDK
+construct ids, SageMaker ``InstanceGroupName``, log stream names and IAM ARNs."""
 _T = TypeVar("_T")
 
 
@@ -362,8 +368,12 @@ def _parse_group(r: _Reader, t: Mapping[str, Any]) -> InstanceGroup | None:
     name = r.get(t, "name", str, "")
     if not name:
         r.problem("name", 'missing; give the group a name such as "trainer" or "dataprep"')
-    elif not _NAME_RE.match(name):
-        r.problem("name", f"{name!r} must be lowercase letters, digits and '-', 1-31 characters")
+    elif not _GROUP_NAME_RE.fullmatch(name):
+        r.problem(
+            "name",
+            f"{name!r} must start with a lowercase letter, then lowercase letters, digits, '-' "
+            "or '_', 1-31 characters (e.g. 'trainer', 'dnn_group')",
+        )
     if "role" not in t:
         r.problem("role", "missing; use 'trainer' or 'dataprep'")
     role = r.choice(t, "role", Role, None)
@@ -574,7 +584,7 @@ def parse_spec(data: Mapping[str, Any], source: str = "cluster spec") -> Cluster
     r = _Reader()
     r.check_keys(data, ClusterSpec, internal=("source",))
     name = r.get(data, "name", str, "hetero")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         r.problem("name", f"{name!r} must be lowercase letters, digits and '-', 1-31 characters")
     az_index = r.positive(data, "availability_zone_index", 0, minimum=0)
 

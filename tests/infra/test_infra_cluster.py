@@ -395,11 +395,9 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
     }
     # The termination hook is completed on the same groups, under the same condition.
     assert by_action["autoscaling:CompleteLifecycleAction"] is scale
-    # Metrics only in the project's namespace; peer discovery; image pull; logs.
-    metrics = by_action["cloudwatch:PutMetricData"]
-    assert metrics["Condition"] == {
-        "StringEquals": {"cloudwatch:namespace": [aws_tags.METRICS_NAMESPACE]}
-    }
+    # No PutMetricData: the trainer's metrics are EMF log events, which need logs:PutLogEvents
+    # only. Peer discovery; image pull; logs.
+    assert "cloudwatch:PutMetricData" not in by_action
     assert by_action["ec2:DescribeInstances"]["Resource"] == "*"
     # The data plane drops instances their Auto Scaling group is terminating.
     assert by_action["autoscaling:DescribeAutoScalingInstances"]["Resource"] == "*"

@@ -1,0 +1,457 @@
+"""``hetero sagemaker submit``: run a spec as a SageMaker heterogeneous training job.
+
+The job uses what the cluster stack (``<spec.name>-cluster``) already built: its image, its
+SageMaker execution role, its subnet and security group, and its checkpoint bucket. The spec
+itself reaches the containers at run time as the input channel ``spec`` (uploaded beside the
+job's output), so a spec change needs no image rebuild.
+
+How a spec becomes one ``CreateTrainingJob`` request:
+
+- one SageMaker instance group per spec group, same name and count, with the group's FIRST
+  instance type prefixed ``ml.`` (a SageMaker instance group has exactly one type);
+- managed Spot (``EnableManagedSpotTraining``) only when every group is ``market = "spot"``:
+  SageMaker's switch is per job, not per instance group, so a mixed spec runs On-Demand;
+- one subnet (collocation) and the cluster security group;
+- ``CheckpointConfig`` at a job-specific prefix under the bucket's ``checkpoints/`` prefix, and
+  the same URI in ``HETERO_CHECKPOINT_URI`` so the trainer writes every host's shards there
+  itself (the container cannot see ``CheckpointConfig`` otherwise).
+
+Which instance types SageMaker offers: the ``TrainingInstanceType`` enum of the SageMaker
+service model in the installed botocore (the same list the API reference publishes). A type
+missing there is refused before anything is created; if SageMaker has added it since, upgrading
+botocore (``pip install -U botocore boto3``) updates the list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from training import instance_types
+from training.aws_tags import ENV_CHECKPOINT_URI, ENV_SPEC
+from training.launcher.launch import SAGEMAKER_CHECKPOINT_DIR
+from training.spec import ClusterSpec, DatasetSource, Market, load_spec
+
+log = logging.getLogger(__name__)
+
+SPEC_CHANNEL = "spec"
+"""Input channel that carries the spec; SageMaker puts File-mode channels at
+``/opt/ml/input/data/<channel>/``."""
+CONTAINER_INPUT_DIR = "/opt/ml/input/data"
+JOB_PREFIX = "sagemaker"
+"""Key prefix (in the checkpoint bucket) of every job's spec and output; the execution role may
+write only there (and under ``checkpoints/``)."""
+DEFAULT_MAX_RUN_S = 86_400
+"""SageMaker's own default for ``MaxRuntimeInSeconds`` (1 day)."""
+MAX_RUN_LIMIT_S = 28 * 86_400
+"""SageMaker's upper bound for ``MaxRuntimeInSeconds`` (28 days)."""
+DEFAULT_VOLUME_GB = 100
+"""EBS volume per instance: EBS-only types (c5, c6i...) need one; it holds the checkpoint copy
+SageMaker restores into ``/opt/ml/checkpoints`` on a restart, and the job's output."""
+
+REQUIRED_OUTPUTS = (
+    "ImageUri",
+    "SageMakerRoleArn",
+    "SubnetId",
+    "SecurityGroupId",
+    "CheckpointBucketName",
+    "CheckpointUri",
+)
+"""Cluster stack outputs the request is built from (``infra/stacks.py``)."""
+
+
+class SubmitError(RuntimeError):
+    """The job cannot be submitted; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class SageMakerRules:
+    """What the SageMaker API accepts, read from botocore's service model (not hard-coded, so
+    a botocore upgrade brings new instance types and limits with it)."""
+
+    instance_types: frozenset[str]
+    """``TrainingInstanceType`` values (``ml.*``)."""
+    max_instance_groups: int
+    job_name_pattern: re.Pattern[str]
+    job_name_max: int
+
+    @classmethod
+    def from_service_model(cls, model: Any) -> SageMakerRules:
+        name = model.shape_for("TrainingJobName").metadata
+        return cls(
+            instance_types=frozenset(model.shape_for("TrainingInstanceType").enum),
+            max_instance_groups=int(model.shape_for("InstanceGroups").metadata["max"]),
+            job_name_pattern=re.compile(name["pattern"]),
+            job_name_max=int(name["max"]),
+        )
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """Everything ``submit`` will do, decided before anything is called."""
+
+    request: dict[str, Any]
+    """Keyword arguments of ``CreateTrainingJob``."""
+    spec_bucket: str
+    spec_key: str
+    """Where the spec file is uploaded (the ``spec`` channel's prefix plus its file name)."""
+    warnings: tuple[str, ...]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    submit = actions.add_parser(
+        "submit",
+        help="create a SageMaker heterogeneous training job from the spec and the cluster stack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    submit.add_argument(
+        "--spec", default="cluster.toml", help="cluster spec (default: %(default)s)"
+    )
+    submit.add_argument(
+        "--stack-name", help="the deployed cluster stack (default: <spec name>-cluster)"
+    )
+    submit.add_argument(
+        "--job-name", help="training job name (default: <spec name>-<UTC yyyymmdd-HHMMSS>)"
+    )
+    submit.add_argument(
+        "--max-run",
+        type=int,
+        default=DEFAULT_MAX_RUN_S,
+        metavar="SECONDS",
+        help="MaxRuntimeInSeconds: training time allowed (default: %(default)s)",
+    )
+    submit.add_argument(
+        "--max-wait",
+        type=int,
+        metavar="SECONDS",
+        help="managed Spot only, MaxWaitTimeInSeconds: training plus waiting for Spot capacity, "
+        "at least --max-run (default: twice --max-run)",
+    )
+    submit.add_argument(
+        "--volume-size-gb",
+        type=int,
+        default=DEFAULT_VOLUME_GB,
+        metavar="GB",
+        help="EBS volume per instance (default: %(default)s)",
+    )
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the CreateTrainingJob request as JSON; call nothing but DescribeStacks",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``hetero sagemaker submit``: 0 submitted (or dry run), 2 nothing submitted because of
+    what the message names, 1 an AWS call failed."""
+    if args.action != "submit":  # pragma: no cover - argparse allows only the listed actions
+        raise SystemExit(f"unknown action {args.action!r}")
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    # Parameter validation is botocore's default; stated so the request is always checked
+    # against the service model before it leaves the machine.
+    config = Config(parameter_validation=True)
+    try:
+        clients = {
+            name: boto3.client(name, config=config)
+            for name in ("cloudformation", "s3", "sagemaker")
+        }
+        return submit(
+            spec_path=args.spec,
+            stack_name=args.stack_name,
+            job_name=args.job_name,
+            max_run_s=args.max_run,
+            max_wait_s=args.max_wait,
+            volume_size_gb=args.volume_size_gb,
+            dry_run=args.dry_run,
+            cloudformation=clients["cloudformation"],
+            s3=clients["s3"],
+            sagemaker=clients["sagemaker"],
+        )
+    except SubmitError as e:
+        print(f"hetero sagemaker submit: {e}", file=sys.stderr)
+        return 2
+    except (BotoCoreError, ClientError) as e:
+        print(f"hetero sagemaker submit: AWS call failed: {e}", file=sys.stderr)
+        return 1
+
+
+def submit(
+    *,
+    spec_path: str | Path,
+    cloudformation: Any,
+    s3: Any,
+    sagemaker: Any,
+    stack_name: str | None = None,
+    job_name: str | None = None,
+    max_run_s: int = DEFAULT_MAX_RUN_S,
+    max_wait_s: int | None = None,
+    volume_size_gb: int = DEFAULT_VOLUME_GB,
+    dry_run: bool = False,
+    rules: SageMakerRules | None = None,
+    now: datetime | None = None,
+) -> int:
+    """Describe the stack, build the request, then (unless ``dry_run``) upload the spec and
+    create the job. Raises ``SubmitError`` (nothing created) or botocore's errors."""
+    spec = load_spec(spec_path)
+    stack = stack_name or f"{spec.name}-cluster"
+    region = sagemaker.meta.region_name
+    outputs = stack_outputs(
+        cloudformation, stack, region=region, deploy=f"npx cdk deploy -c spec={spec_path} {stack}"
+    )
+    name = job_name or default_job_name(spec.name, now)
+    plan = build_plan(
+        spec,
+        outputs,
+        spec_file_name=Path(spec_path).name,
+        job_name=name,
+        max_run_s=max_run_s,
+        max_wait_s=max_wait_s,
+        volume_size_gb=volume_size_gb,
+        rules=rules or SageMakerRules.from_service_model(sagemaker.meta.service_model),
+    )
+    for warning in plan.warnings:
+        log.warning("%s", warning)
+    if dry_run:
+        print(json.dumps(plan.request, indent=2))
+        print(
+            f"dry run: would upload {spec_path} to s3://{plan.spec_bucket}/{plan.spec_key} and "
+            "create the job above; nothing was created",
+            file=sys.stderr,
+        )
+        return 0
+    s3.put_object(Bucket=plan.spec_bucket, Key=plan.spec_key, Body=Path(spec_path).read_bytes())
+    sagemaker.create_training_job(**plan.request)
+    print(f"created SageMaker training job {name}")
+    print(f"  console: {console_url(region, name)}")
+    print(
+        f"  status:  aws sagemaker describe-training-job --training-job-name {name} "
+        f"--region {region}"
+    )
+    return 0
+
+
+def stack_outputs(
+    cloudformation: Any, stack_name: str, *, region: str, deploy: str
+) -> dict[str, str]:
+    """The stack's outputs by key; ``SubmitError`` naming the fix (``deploy``, the command that
+    deploys it) when the stack is missing or lacks an output the job needs."""
+    from botocore.exceptions import ClientError
+
+    try:
+        stacks = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as e:
+        error = e.response.get("Error", {})
+        if error.get("Code") == "ValidationError" and "does not exist" in error.get("Message", ""):
+            raise SubmitError(
+                f"stack {stack_name!r} does not exist in {region}: deploy the cluster first "
+                f"(`{deploy}`), or pass --stack-name / set AWS_REGION to where it is deployed"
+            ) from e
+        raise
+    stack = stacks[0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    missing = [k for k in REQUIRED_OUTPUTS if not outputs.get(k)]
+    if missing:
+        raise SubmitError(
+            f"stack {stack_name!r} (status {stack.get('StackStatus', '?')}) has no output "
+            f"{', '.join(missing)}: finish or redo `{deploy}` with this project's stacks"
+        )
+    return outputs
+
+
+def default_job_name(cluster: str, now: datetime | None = None) -> str:
+    """``<cluster>-<UTC yyyymmdd-HHMMSS>``: unique per second, sorted by time."""
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    return f"{cluster}-{moment:%Y%m%d-%H%M%S}"
+
+
+def console_url(region: str, job_name: str) -> str:
+    return (
+        f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}#/jobs/{job_name}"
+    )
+
+
+def build_plan(
+    spec: ClusterSpec,
+    outputs: Mapping[str, str],
+    *,
+    spec_file_name: str,
+    job_name: str,
+    rules: SageMakerRules,
+    max_run_s: int = DEFAULT_MAX_RUN_S,
+    max_wait_s: int | None = None,
+    volume_size_gb: int = DEFAULT_VOLUME_GB,
+) -> SubmitPlan:
+    """The ``CreateTrainingJob`` request for ``spec`` on the stack's resources (pure: nothing
+    is called). Every problem found is reported together in one ``SubmitError``."""
+    problems: list[str] = []
+    warnings: list[str] = []
+
+    if not (
+        1 <= len(job_name) <= rules.job_name_max and rules.job_name_pattern.fullmatch(job_name)
+    ):
+        problems.append(
+            f"--job-name {job_name!r}: SageMaker job names are 1-{rules.job_name_max} letters, "
+            "digits and '-', starting and ending with a letter or digit"
+        )
+    if not 1 <= max_run_s <= MAX_RUN_LIMIT_S:
+        problems.append(
+            f"--max-run {max_run_s}: SageMaker allows 1 to {MAX_RUN_LIMIT_S} seconds (28 days)"
+        )
+    if volume_size_gb < 1:
+        problems.append(f"--volume-size-gb {volume_size_gb}: give at least 1 GB")
+
+    groups = instance_groups(spec, rules, problems)
+    if spec.job.dataset.source is DatasetSource.FOLDER:
+        warnings.append(
+            f"job.dataset is the folder {spec.job.dataset.path!r}: SageMaker gets no channel for "
+            "it, so it must exist inside the image; use source = 's3' for data in S3"
+        )
+
+    spot_groups = [g.name for g in spec.groups if g.market is Market.SPOT]
+    managed_spot = len(spot_groups) == len(spec.groups)
+    if managed_spot:
+        wait = max_wait_s if max_wait_s is not None else 2 * max_run_s
+        if wait < max_run_s:
+            problems.append(
+                f"--max-wait {wait} is below --max-run {max_run_s}: with managed Spot, "
+                "MaxWaitTimeInSeconds counts the training time plus the time spent waiting for "
+                f"Spot capacity, so it must be at least MaxRuntimeInSeconds; use --max-wait >= "
+                f"{max_run_s}"
+            )
+    else:
+        wait = 0
+        if max_wait_s is not None:
+            problems.append(
+                "--max-wait applies to managed Spot only, and this job runs On-Demand (not every "
+                "group is market = 'spot'); drop --max-wait or make every group Spot"
+            )
+        if spot_groups:
+            on_demand = [g.name for g in spec.groups if g.market is not Market.SPOT]
+            warnings.append(
+                f"groups {', '.join(spot_groups)} ask for Spot but {', '.join(on_demand)} "
+                "On-Demand: SageMaker's managed Spot is one switch for the whole job "
+                "(EnableManagedSpotTraining), not per instance group, so every group runs "
+                "On-Demand; set market = 'spot' on every group to use managed Spot"
+            )
+
+    if problems:
+        raise SubmitError(
+            f"{spec.source}: cannot submit ({len(problems)} problem(s)):\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+
+    bucket = outputs["CheckpointBucketName"]
+    job_uri = f"s3://{bucket}/{JOB_PREFIX}/{job_name}"
+    checkpoint_uri = f"{outputs['CheckpointUri'].rstrip('/')}/{JOB_PREFIX}/{job_name}/"
+    stopping: dict[str, int] = {"MaxRuntimeInSeconds": max_run_s}
+    if managed_spot:
+        stopping["MaxWaitTimeInSeconds"] = wait
+    request: dict[str, Any] = {
+        "TrainingJobName": job_name,
+        "RoleArn": outputs["SageMakerRoleArn"],
+        # No ContainerEntrypoint: SageMaker runs the image with `train`, which the image's
+        # entry point (containers/entrypoint.sh) turns into `hetero launch --spec $HETERO_SPEC`.
+        "AlgorithmSpecification": {
+            "TrainingImage": outputs["ImageUri"],
+            "TrainingInputMode": "File",
+        },
+        "ResourceConfig": {"InstanceGroups": groups, "VolumeSizeInGB": volume_size_gb},
+        "InputDataConfig": [
+            {
+                "ChannelName": SPEC_CHANNEL,
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": f"{job_uri}/{SPEC_CHANNEL}/",
+                        "S3DataDistributionType": "FullyReplicated",
+                        # Every group's launcher reads the spec.
+                        "InstanceGroupNames": [g.name for g in spec.groups],
+                    }
+                },
+                "InputMode": "File",
+            }
+        ],
+        "OutputDataConfig": {"S3OutputPath": f"{job_uri}/output/"},
+        "VpcConfig": {
+            "Subnets": [outputs["SubnetId"]],
+            "SecurityGroupIds": [outputs["SecurityGroupId"]],
+        },
+        "StoppingCondition": stopping,
+        "EnableManagedSpotTraining": managed_spot,
+        "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": SAGEMAKER_CHECKPOINT_DIR},
+        "Environment": {
+            ENV_SPEC: f"{CONTAINER_INPUT_DIR}/{SPEC_CHANNEL}/{spec_file_name}",
+            ENV_CHECKPOINT_URI: checkpoint_uri,
+        },
+    }
+    return SubmitPlan(
+        request=request,
+        spec_bucket=bucket,
+        spec_key=f"{JOB_PREFIX}/{job_name}/{SPEC_CHANNEL}/{spec_file_name}",
+        warnings=tuple(warnings),
+    )
+
+
+def instance_groups(
+    spec: ClusterSpec, rules: SageMakerRules, problems: list[str]
+) -> list[dict[str, Any]]:
+    """SageMaker instance groups for the spec's groups; appends to ``problems`` what SageMaker
+    cannot run."""
+    if len(spec.groups) > rules.max_instance_groups:
+        problems.append(
+            f"groups: {len(spec.groups)} instance groups, SageMaker allows at most "
+            f"{rules.max_instance_groups} per job; merge groups"
+        )
+    groups: list[dict[str, Any]] = []
+    for i, g in enumerate(spec.groups):
+        first = g.instance_types[0]
+        ml_type = f"ml.{first}"
+        if ml_type not in rules.instance_types:
+            offered = [t for t in g.instance_types if f"ml.{t}" in rules.instance_types]
+            # Suggest only what the spec accepts (the project's catalogue) and the group can
+            # use (same GPU count: none for dataprep, the trainer's ranks per instance).
+            gpus = instance_types.CATALOG[first].gpus
+            usable = [
+                t.name
+                for t in instance_types.CATALOG.values()
+                if f"ml.{t.name}" in rules.instance_types and t.gpus == gpus and not t.burstable
+            ]
+            close = difflib.get_close_matches(first, sorted(usable), n=3, cutoff=0.0)
+            hint = (
+                f"move {offered[0]} (listed, and SageMaker has it) first"
+                if offered
+                else f"list first a type SageMaker has (e.g. {', '.join(close)})"
+                if close
+                else "list first a type SageMaker has"
+            )
+            problems.append(
+                f"groups[{i}] ({g.name}): SageMaker training has no instance type {ml_type} "
+                f"(botocore's TrainingInstanceType list); {hint} in instance_types, or upgrade "
+                "botocore if SageMaker added it recently"
+            )
+            continue
+        if len(g.instance_types) > 1:
+            log.info(
+                "group %s lists %s; a SageMaker instance group has one type: using %s",
+                g.name,
+                ", ".join(g.instance_types),
+                ml_type,
+            )
+        groups.append(
+            {"InstanceGroupName": g.name, "InstanceType": ml_type, "InstanceCount": g.count}
+        )
+    return groups
