@@ -23,6 +23,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from infra.efa import EfaLayout, efa_layouts
 from training import aws_tags
 from training.preflight import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training.spec import ClusterSpec, InstanceGroup, Market, Role
@@ -231,40 +232,68 @@ class InstanceGroupFleet(Construct):
         ami_parameter = (
             TRAINER_AMI_PARAMETER if group.role is Role.TRAINER else DATAPREP_AMI_PARAMETER
         )
-        use_efa = group.use_efa
-        self.launch_template = ec2.LaunchTemplate(
-            self,
-            "LaunchTemplate",
-            machine_image=ec2.MachineImage.from_ssm_parameter(ami_parameter),
-            user_data=user_data,
-            role=role,
-            require_imdsv2=True,
-            # 2 hops: processes in containers (bridge networking, e.g. docker's awslogs helper
-            # or a user's debug container) reach IMDS as well as the host.
-            http_put_response_hop_limit=2,
-            instance_metadata_tags=True,
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name=ROOT_DEVICE,
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        ROOT_VOLUME_GIB[group.role],
-                        encrypted=True,
-                        volume_type=ec2.EbsDeviceVolumeType.GP3,
-                        delete_on_termination=True,
-                    ),
-                )
-            ],
-            placement_group=placement_group,
-            # With EFA the security group goes on each network interface instead.
-            security_group=None if use_efa else security_group,
-        )
-        if use_efa:
-            cfn_template = self.launch_template.node.default_child
-            assert isinstance(cfn_template, ec2.CfnLaunchTemplate)
-            cfn_template.add_property_override(
-                "LaunchTemplateData.NetworkInterfaces",
-                efa_network_interfaces(group.efa_network_cards, security_group.security_group_id),
+        # One launch template per EFA layout (infra/efa.py): types with different network-card
+        # counts (p4d: 4, p5: 32) cannot share one. Without EFA, one template whose security
+        # group sits on top; with EFA it goes on each interface (EC2 refuses both).
+        layouts = efa_layouts(group)
+        machine_image = ec2.MachineImage.from_ssm_parameter(ami_parameter)
+
+        def make_template(construct_id: str, layout: EfaLayout | None) -> ec2.LaunchTemplate:
+            template = ec2.LaunchTemplate(
+                self,
+                construct_id,
+                machine_image=machine_image,
+                user_data=user_data,
+                role=role,
+                require_imdsv2=True,
+                # 2 hops: processes in containers (bridge networking, e.g. docker's awslogs
+                # helper or a user's debug container) reach IMDS as well as the host.
+                http_put_response_hop_limit=2,
+                instance_metadata_tags=True,
+                block_devices=[
+                    ec2.BlockDevice(
+                        device_name=ROOT_DEVICE,
+                        volume=ec2.BlockDeviceVolume.ebs(
+                            ROOT_VOLUME_GIB[group.role],
+                            encrypted=True,
+                            volume_type=ec2.EbsDeviceVolumeType.GP3,
+                            delete_on_termination=True,
+                        ),
+                    )
+                ],
+                placement_group=placement_group,
+                security_group=None if layout is not None else security_group,
             )
+            if layout is not None:
+                cfn_template = template.node.default_child
+                assert isinstance(cfn_template, ec2.CfnLaunchTemplate)
+                cfn_template.add_property_override(
+                    "LaunchTemplateData.NetworkInterfaces",
+                    layout.network_interfaces(security_group.security_group_id),
+                )
+            return template
+
+        ordered: list[EfaLayout | None] = [*layouts] or [None]
+        # The first layout (that of the most preferred type) keeps the id "LaunchTemplate" and
+        # is the policy's template; each further layout gets its own, named after it.
+        self.launch_templates: dict[EfaLayout | None, ec2.LaunchTemplate] = {
+            layout: make_template(
+                "LaunchTemplate" if i == 0 or layout is None else f"LaunchTemplate{layout.name}",
+                layout,
+            )
+            for i, layout in enumerate(ordered)
+        }
+        self.launch_template = self.launch_templates[ordered[0]]
+        template_of_type = {
+            name: self.launch_templates[layout]
+            for layout, names in layouts.items()
+            for name in names
+        }
+
+        def override_template(name: str) -> ec2.LaunchTemplate | None:
+            """The type's own template where its EFA layout is not the policy template's."""
+            template = template_of_type.get(name)
+            return None if template is None or template is self.launch_template else template
 
         if group.market is Market.SPOT:
             distribution = autoscaling.InstancesDistribution(
@@ -288,7 +317,9 @@ class InstanceGroupFleet(Construct):
                 launch_template=self.launch_template,
                 instances_distribution=distribution,
                 launch_template_overrides=[
-                    autoscaling.LaunchTemplateOverrides(instance_type=ec2.InstanceType(t))
+                    autoscaling.LaunchTemplateOverrides(
+                        instance_type=ec2.InstanceType(t), launch_template=override_template(t)
+                    )
                     for t in group.instance_types
                 ],
             ),
@@ -341,10 +372,10 @@ class InstanceGroupFleet(Construct):
         ):
             Tags.of(self.auto_scaling_group).add(key, value, apply_to_launched_instances=True)
         logger.debug(
-            "group %s: %s x %s (%s, EFA cards %d)",
+            "group %s: %s x %s (%s, EFA layouts %s)",
             group.name,
             group.count,
             "/".join(group.instance_types),
             group.market.value,
-            group.efa_network_cards,
+            {layout.name: names for layout, names in layouts.items()} or "none",
         )

@@ -125,12 +125,11 @@ def test_efa_on_for_type_without_efa() -> None:
     assert msg.startswith("groups[0].efa: 'on' but g5.xlarge has no EFA")
 
 
-def test_efa_auto_uses_network_cards() -> None:
+def test_efa_auto_on_a_type_with_efa() -> None:
     doc = spec_with()
     doc["groups"][0]["instance_types"] = ["p4d.24xlarge"]
     spec = parse_spec(doc)
     assert spec.trainer_group.use_efa
-    assert spec.trainer_group.efa_network_cards == 4
     assert spec.trainer_group.ranks_per_instance == 8
 
 

@@ -105,13 +105,6 @@ class InstanceGroup:
         return all(_supports_efa(t) for t in self.instance_types)
 
     @property
-    def efa_network_cards(self) -> int:
-        """EFA interfaces per instance: the smallest network-card count among the types."""
-        if not self.use_efa:
-            return 0
-        return min(instance_types.CATALOG[t].efa_network_cards for t in self.instance_types)
-
-    @property
     def gpus_per_instance(self) -> int:
         return instance_types.CATALOG[self.instance_types[0]].gpus
 

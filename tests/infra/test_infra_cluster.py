@@ -9,7 +9,15 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match
-from infra_support import EFA_SPEC, SPOT_SPEC, BuiltApp, build, imported, network_ref
+from infra_support import (
+    EFA_SPEC,
+    MIXED_EFA_SPEC,
+    SPOT_SPEC,
+    BuiltApp,
+    build,
+    imported,
+    network_ref,
+)
 
 from infra.instance_group import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training import aws_tags
@@ -139,21 +147,64 @@ def test_non_efa_groups_carry_the_cluster_security_group(spot: BuiltApp) -> None
         assert [imported(spot, g) for g in data["SecurityGroupIds"]] == [cluster_sg], group
 
 
-def test_efa_interfaces_one_per_network_card_and_no_top_level_groups(efa: BuiltApp) -> None:
+def _efa_layout(cards: int) -> list[dict[str, Any]]:
+    """AWS's recommended layout for EFA types with several network cards
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): an ENA primary
+    interface on card 0 device 0, an EFA-only interface on card 0 device 1, and an EFA-only
+    interface on device 0 of every further card. Written out here, not taken from infra/efa.py."""
+    nics = [(0, 0, "interface"), (0, 1, "efa-only")]
+    nics += [(card, 0, "efa-only") for card in range(1, cards)]
+    return [
+        {"NetworkCardIndex": c, "DeviceIndex": d, "InterfaceType": t, "DeleteOnTermination": True}
+        for c, d, t in nics
+    ]
+
+
+def _without_groups(nics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in nic.items() if k != "Groups"} for nic in nics]
+
+
+def test_efa_interfaces_follow_awss_layout_each_with_the_cluster_group(efa: BuiltApp) -> None:
     cluster_sg = network_ref(efa, efa.stacks.network.network.cluster_security_group, "GroupId")
-    for group, cards in (("gpu", 4), ("cpu", 1)):
+    for group, cards in (("gpu", 4), ("cpu", 1)):  # p4d.24xlarge, c5n.18xlarge
         data = _launch_template_data(efa, group)
         assert "SecurityGroupIds" not in data, "EC2 refuses top-level groups with interfaces"
         assert "SecurityGroups" not in data
         nics = data["NetworkInterfaces"]
-        assert len(nics) == cards
-        for card, nic in enumerate(nics):
-            assert nic["InterfaceType"] == "efa"
-            assert nic["NetworkCardIndex"] == card
-            assert nic["DeviceIndex"] == (0 if card == 0 else 1)
-            # This interface carries the cluster group, not any imported group.
+        assert _without_groups(nics) == _efa_layout(cards), group
+        for nic in nics:  # this interface carries the cluster group, not any imported group
             assert [imported(efa, g) for g in nic["Groups"]] == [cluster_sg]
             assert "SubnetId" not in nic  # the Auto Scaling group chooses the subnet
+
+
+def test_a_group_mixing_efa_layouts_gets_one_template_per_layout(tmp_path: Path) -> None:
+    """p5 (32 cards) and p4d (4 cards) in one group: one launch template cannot describe both,
+    so the p4d override names its own template."""
+    built = build(tmp_path, MIXED_EFA_SPEC)
+    fleet = built.stacks.cluster.fleets["dnn_group"]
+    templates = built.cluster.find_resources("AWS::EC2::LaunchTemplate")
+    lids = []
+    for template in fleet.launch_templates.values():
+        cfn = template.node.default_child
+        assert isinstance(cfn, cdk.CfnResource)
+        lids.append(built.stacks.cluster.get_logical_id(cfn))
+    p5, p4d = lids
+    nics = {lid: templates[lid]["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
+            for lid in lids}  # fmt: skip
+    assert _without_groups(nics[p5]) == _efa_layout(32)
+    assert _without_groups(nics[p4d]) == _efa_layout(4)
+    policy = _asg(built, "dnn_group")["MixedInstancesPolicy"]["LaunchTemplate"]
+    assert policy["LaunchTemplateSpecification"]["LaunchTemplateId"] == {"Ref": p5}
+    assert policy["Overrides"] == [
+        {"InstanceType": "p5.48xlarge"},
+        {
+            "InstanceType": "p4d.24xlarge",
+            "LaunchTemplateSpecification": {
+                "LaunchTemplateId": {"Ref": p4d},
+                "Version": {"Fn::GetAtt": [p4d, "LatestVersionNumber"]},
+            },
+        },
+    ]
 
 
 def test_no_ingress_from_any_address_range(spot: BuiltApp, efa: BuiltApp) -> None:

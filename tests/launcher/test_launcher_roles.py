@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from training.launcher.roles import (
     data_server_command,
-    efa_present,
-    network_env,
     trainer_command,
 )
 from training.spec import ClusterSpec
@@ -71,19 +67,6 @@ def test_single_node_is_standalone_and_without_servers_uses_local_loader(
 def test_node_rank_outside_the_group_is_refused(spec: ClusterSpec, rank: int) -> None:
     with pytest.raises(ValueError, match=r"outside 0\.\.1"):
         trainer_command(spec, spec_path="s", run_dir="r", trainer_hosts=("a", "b"), node_rank=rank)
-
-
-def test_efa_env_only_with_a_device(spec: ClusterSpec, tmp_path: Path) -> None:
-    group = spec.trainer_group
-    assert network_env(group, efa=True, socket_ifname="eth0") == {
-        "FI_PROVIDER": "efa",
-        "FI_EFA_FORK_SAFE": "1",
-        "NCCL_SOCKET_IFNAME": "eth0",
-    }
-    assert network_env(group, efa=False) == {}
-    assert not efa_present(tmp_path / "none")
-    (tmp_path / "ib" / "rdmap0s6").mkdir(parents=True)
-    assert efa_present(tmp_path / "ib")
 
 
 def test_data_server_command() -> None:

@@ -12,13 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.spec import ClusterSpec, InstanceGroup
+from training.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
 RENDEZVOUS_PORT = 29500
 """Port of the static rendezvous (torch's MASTER_PORT) on the first trainer host."""
-EFA_SYSFS = Path("/sys/class/infiniband")
 
 
 @dataclass(frozen=True)
@@ -27,30 +26,6 @@ class RoleCommand:
 
     argv: tuple[str, ...]
     env: Mapping[str, str]
-
-
-def efa_present(sysfs: Path = EFA_SYSFS) -> bool:
-    """True when an EFA device is visible (EFA devices register as ``rdmap*`` verbs devices)."""
-    try:
-        return any(p.name.startswith("rdmap") for p in sysfs.iterdir())
-    except OSError:
-        return False
-
-
-def network_env(
-    group: InstanceGroup, *, efa: bool, socket_ifname: str | None = None
-) -> dict[str, str]:
-    """NCCL/libfabric settings for the trainer: EFA through the aws-ofi-nccl plugin when present."""
-    env: dict[str, str] = {}
-    if efa:
-        env["FI_PROVIDER"] = "efa"
-        # The trainer forks data loading workers; libfabric must be told to allow it.
-        env["FI_EFA_FORK_SAFE"] = "1"
-    elif group.use_efa:
-        log.warning("the spec wants EFA for group %r but no EFA device is visible", group.name)
-    if socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = socket_ifname
-    return env
 
 
 def trainer_command(
