@@ -225,12 +225,15 @@ class InstanceRole(Construct):
             iam.PolicyStatement(
                 sid="ScaleOwnGroupsToZero",
                 # CompleteLifecycleAction: the termination hook, once the checkpoint is saved.
-                # All three take the group as resource and aws:ResourceTag conditions
+                # TerminateInstanceInAutoScalingGroup: an instance that holds an older spec than
+                # the deployed job's has the group replace it (keeping the desired capacity).
+                # All four take the group as resource and aws:ResourceTag conditions
                 # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html).
                 actions=[
                     "autoscaling:UpdateAutoScalingGroup",
                     "autoscaling:SetDesiredCapacity",
                     "autoscaling:CompleteLifecycleAction",
+                    "autoscaling:TerminateInstanceInAutoScalingGroup",
                 ],
                 resources=asg_arns,
                 conditions={

@@ -446,6 +446,8 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
     }
     # The termination hook is completed on the same groups, under the same condition.
     assert by_action["autoscaling:CompleteLifecycleAction"] is scale
+    # So is the replacement of an instance that holds an older spec than the deployed job's.
+    assert by_action["autoscaling:TerminateInstanceInAutoScalingGroup"] is scale
     # No PutMetricData: the trainer's metrics are EMF log events, which need logs:PutLogEvents
     # only. Peer discovery; image pull; logs.
     assert "cloudwatch:PutMetricData" not in by_action

@@ -273,9 +273,16 @@ def test_a_host_that_starts_after_the_job_ended_runs_nothing(
     from training.outcome import Outcome
 
     JobRecord(URI).end(Outcome.FINISHED, reason="training finished", by="i-other")
+    for name in cluster["names"]:  # e.g. a deploy set the groups to their counts again
+        cluster["asg"].set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=1)
     job, played = make_job(cluster, tmp_path, fake_imds, ["crash"])
     assert job.run() == EXIT_FINISHED
     assert not played.exists()
+    # It does not keep billing: the groups go back to zero, and the first outcome stays.
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+    outcome = JobRecord(URI).outcome()
+    assert outcome is not None
+    assert (outcome["outcome"], outcome["by"]) == ("finished", "i-other")
 
 
 def test_status_shows_groups_instances_outcome_metrics_and_newest_checkpoint(

@@ -21,6 +21,14 @@ Each pass:
      start the next generation at once; this costs no restart;
    - failed otherwise (a crash, peers that never came): count it against the restart budget
      and retry after an exponential backoff; beyond the budget, end the job as failed.
+
+With a job pointer (``jobparam.JobWatch``: the launcher was started with
+``HETERO_JOB_PARAMETER``), every pass first reads the pointer again, and a thread reads it every
+``job_poll_s`` while the role runs or waits for peers. When another job was started
+(``hetero job start --force`` while this host still ran), the role is stopped (SIGTERM: the
+trainer checkpoints and exits "stopped"), the old job is neither ended nor scaled to zero (that
+would stop the new one), and ``run`` returns ``EXIT_NEW_JOB``: the launcher then starts again
+on the new job.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import psutil
 from training.launcher import job_end, roles
 from training.launcher.group import GroupIdentity
 from training.launcher.imds import ImdsClient
+from training.launcher.jobparam import JobPointer, JobWatch
 from training.launcher.jobrecord import JobRecord
 from training.launcher.membership import (
     Membership,
@@ -69,6 +78,9 @@ log = logging.getLogger(__name__)
 RENDEZVOUS_TIMEOUT_S = 60
 """How long trainer hosts wait for each other in torchrun's rendezvous."""
 MAX_BACKOFF_S = 120.0
+EXIT_NEW_JOB = 76
+"""``Ec2Job.run``: another job was started; this host left the old one (never a process's exit
+code unless re-executing the launcher failed: then Docker's restart policy starts it again)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,8 @@ class LoopSettings:
     """How often a running host puts its state and last metrics into the job record."""
     subreaper: bool = True
     """Adopt the role's orphaned descendants (Linux), so none outlives the launcher."""
+    job_poll_s: float = 30.0
+    """Between reads of the job pointer while the role runs or waits (with a ``JobWatch``)."""
 
 
 @dataclass
@@ -106,6 +120,8 @@ class _Signals:
     lock: threading.Lock = field(default_factory=threading.Lock)
     supervisor: Supervisor | None = None
     checkpoint_requests: int = 0
+    superseded: JobPointer | None = None
+    """The newer job's pointer, once one was started (``hetero job start``)."""
 
     @property
     def leaving(self) -> bool:
@@ -128,6 +144,7 @@ class Ec2Job:
         autoscaling: Any,
         record: JobRecord | None,
         asg_names: list[str],
+        job_watch: JobWatch | None = None,
     ) -> None:
         self.spec = spec
         self.identity = identity
@@ -142,6 +159,8 @@ class Ec2Job:
         self.autoscaling = autoscaling
         self.record = record
         self.asg_names = asg_names
+        self.job_watch = job_watch
+        """Reads the job pointer (None: no pointer, the job never changes under this host)."""
         self.hook = environ.get(ENV_LIFECYCLE_HOOK, "").strip()
         self.signals = _Signals()
         self.failures = 0
@@ -188,6 +207,32 @@ class Ec2Job:
         while not stop.wait(0.5):
             if self.signals.checkpoint_requests:
                 self._deliver_checkpoint_request()
+
+    def _new_job_started(self) -> bool:
+        """Read the job pointer now; True once it names another job than this host's."""
+        if self.job_watch is None:
+            return False
+        if self.signals.superseded is None:
+            newer = self.job_watch.newer()
+            if newer is not None:
+                with self.signals.lock:
+                    self.signals.superseded = newer
+        return self.signals.superseded is not None
+
+    def _watch_job(self, done: threading.Event) -> None:
+        """While the loop runs: stop the role as soon as another job was started."""
+        while not done.wait(self.settings.job_poll_s):
+            if self._new_job_started():
+                with self.signals.lock:
+                    sup = self.signals.supervisor
+                if sup is not None:
+                    sup.request_stop(signal.SIGTERM, self._superseded_reason())
+                return
+
+    def _superseded_reason(self) -> str:
+        new = self.signals.superseded
+        old = self.job_watch.pointer.job_id if self.job_watch else "?"
+        return f"job {old} was superseded by job {new.job_id if new else '?'}"
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         with self.signals.lock:
@@ -236,6 +281,10 @@ class Ec2Job:
             target=self._deliver_pending, args=(done,), name="checkpoint-requests", daemon=True
         )
         deliverer.start()
+        if self.job_watch is not None:
+            threading.Thread(
+                target=self._watch_job, args=(done,), name="job-watch", daemon=True
+            ).start()
         try:
             return self._loop()
         finally:
@@ -255,10 +304,21 @@ class Ec2Job:
 
     def _loop(self) -> int:
         while True:
+            if self._new_job_started():  # Every generation boundary reads the pointer.
+                return self._next_job()
             ended = self._job_over()
             if ended is not None:
                 log.info("the job is over (%s: %s)", ended.get("outcome"), ended.get("reason"))
-                return EXIT_FINISHED if ended.get("outcome") == "finished" else EXIT_FAILED
+                finished = ended.get("outcome") == Outcome.FINISHED.value
+                # This instance may have started after the end (a deploy that set the groups to
+                # their counts again without a new job): end it again so nothing keeps billing.
+                # Harmless when the job just ended: the first outcome stays, and scaling to
+                # zero twice changes nothing.
+                self._end(
+                    Outcome.FINISHED if finished else Outcome.FAILED,
+                    f"the job was already over ({ended.get('reason')})",
+                )
+                return EXIT_FINISHED if finished else EXIT_FAILED
             if self.signals.leaving:
                 return self._leave()
             membership: Membership | None = None
@@ -270,18 +330,22 @@ class Ec2Job:
                     if code is not None:
                         return code
                     continue
-                if membership is None:  # Stopped (or the job ended) while waiting.
+                if membership is None:  # Stopped, the job ended or a new one began while waiting.
                     continue
             self.generation += 1
             result = self._run_generation(membership)
+            trainer = self.group.role is Role.TRAINER
             if self.signals.leaving:
-                if result.outcome is Outcome.FINISHED and self.group.role is Role.TRAINER:
-                    self._end(Outcome.FINISHED, "training finished")
+                if (
+                    result.outcome is Outcome.FINISHED
+                    and trainer
+                    and self._end(Outcome.FINISHED, "training finished")
+                ):
                     return EXIT_FINISHED
                 return self._leave()
             if result.outcome is Outcome.FINISHED:
-                if self.group.role is Role.TRAINER:
-                    self._end(Outcome.FINISHED, "training finished")
+                if trainer and not self._end(Outcome.FINISHED, "training finished"):
+                    return self._next_job()
                 # A data server ends after the trainer's Shutdown RPC; the trainers end the job.
                 return EXIT_FINISHED
             if result.outcome is Outcome.STOPPED:
@@ -306,7 +370,11 @@ class Ec2Job:
             own_instance_id=self.instance_id,
             timeout_s=self.settings.peer_timeout_s,
             poll_s=self.settings.poll_s,
-            should_stop=lambda: self.signals.leaving or self._job_over() is not None,
+            should_stop=lambda: (
+                self.signals.leaving
+                or self.signals.superseded is not None
+                or self._job_over() is not None
+            ),
         )
 
     def _leaving(self) -> set[str]:
@@ -383,6 +451,8 @@ class Ec2Job:
                     )
                 if self.signals.leaving:  # A notice between the check and the start.
                     sup.request_stop(signal.SIGTERM, "leaving")
+                elif self.signals.superseded is not None:  # Likewise, a new job.
+                    sup.request_stop(signal.SIGTERM, self._superseded_reason())
                 codes = sup.run_until_done()
             finally:
                 beat.set()
@@ -398,7 +468,7 @@ class Ec2Job:
             # A data server exits 0 after the Shutdown RPC (the job finished) or a stop.
             if any(c != 0 for c in codes):
                 outcome = Outcome.FAILED
-            elif self.signals.leaving:
+            elif self.signals.leaving or self.signals.superseded is not None:
                 outcome = Outcome.STOPPED
             else:
                 outcome = Outcome.FINISHED
@@ -421,7 +491,8 @@ class Ec2Job:
         if self.failures > budget:
             msg = f"failed {self.failures} times (restart budget {budget}); last: {reason}"
             log.error("%s: ending the job", msg)
-            self._end(Outcome.FAILED, msg)
+            if not self._end(Outcome.FAILED, msg):
+                return self._next_job()
             return EXIT_FAILED
         wait = min(self.settings.restart_backoff_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
         log.warning(
@@ -429,11 +500,21 @@ class Ec2Job:
         )
         self._set_host(state="backoff", reason=reason)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not self.signals.leaving:
+        while (
+            time.monotonic() < deadline
+            and not self.signals.leaving
+            and self.signals.superseded is None
+        ):
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         return None
 
-    def _end(self, outcome: Outcome, reason: str) -> None:
+    def _end(self, outcome: Outcome, reason: str) -> bool:
+        """End the job for everyone; False, doing nothing, when another job was started since:
+        the old job's end would land in the record beside the new job's checkpoints (a resumed
+        job shares them) and scale the new job's groups to zero."""
+        if self._new_job_started():
+            log.warning("%s: not ending it (%s)", self._superseded_reason(), reason)
+            return False
         try:
             job_end.end_job(
                 self.record,
@@ -446,6 +527,12 @@ class Ec2Job:
         except Exception as e:
             log.error("could not end the job: %s", e)
         self._set_host(state=f"job-{outcome.value}", reason=reason)
+        return True
+
+    def _next_job(self) -> int:
+        """Leave the old job (its role is stopped by now) for the new one."""
+        log.info("%s: leaving it for the new job", self._superseded_reason())
+        return EXIT_NEW_JOB
 
     def _leave(self) -> int:
         notice = self.signals.notice
@@ -509,4 +596,5 @@ def default_settings(args: Any) -> LoopSettings:
         grace_s=args.grace,
         imds_url=args.imds_url,
         imds_timeout_s=args.imds_timeout,
+        job_poll_s=args.job_poll,
     )

@@ -6,7 +6,9 @@ membership, Spot and Auto Scaling notices, restarts within a budget, job end in 
 
 Exit codes (``training.outcome``): 0 the job finished; 75 this host stopped (an interruption
 notice, an Auto Scaling termination; the job goes on without it); 1 failed; 2 bad spec or no
-group; 3 peers not found; 128+N stopped by signal N.
+group; 3 peers not found; 128+N stopped by signal N. On EC2 with a job pointer
+(``HETERO_JOB_PARAMETER``), a host whose job was superseded starts again on the new job (76
+only if that fails).
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import argparse
 import logging
 import os
 import shlex
+import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from training.launcher import ec2_job, job_end, peers, roles
+from training.aws_tags import ENV_JOB_PARAMETER
+from training.launcher import ec2_job, efa, job_end, jobparam, peers, roles
 from training.launcher.group import (
     SAGEMAKER_RESOURCECONFIG,
     GroupDetectionError,
@@ -47,13 +51,17 @@ from training.launcher.names import (
     ENV_SPEC,
 )
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
-from training.outcome import Outcome, clear_outcomes, read_host_outcome
+from training.outcome import EXIT_STOPPED, Outcome, clear_outcomes, read_host_outcome
 from training.spec import ClusterSpec, Role, load_spec
 
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
 EXIT_PEERS = 3
+MAX_JOB_SWITCHES = 20
+"""Re-executions for new jobs one launcher process may do (a bound, never reached by hand)."""
+_ENV_JOB_SWITCHES = "HETERO_LAUNCHER_JOB_SWITCHES"
+"""How many times this launcher re-executed itself for a new job (its own bookkeeping)."""
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 SAGEMAKER_OUTPUT_DIR = "/opt/ml/output/data"
 
@@ -158,6 +166,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--poll", type=float, default=5.0, help="EC2: seconds between membership checks"
     )
     parser.add_argument(
+        "--job-poll",
+        type=float,
+        default=30.0,
+        help=f"EC2 with ${ENV_JOB_PARAMETER}: seconds between reads of the job pointer while "
+        "the role runs (a new job stops it)",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print the plan (group, peers, commands) and exit"
     )
 
@@ -209,12 +224,13 @@ def make_plan(
     run_dir: str | None,
     environ: Mapping[str, str],
     network_interface: str | None = None,
-    efa: bool | None = None,
+    efa_env: Mapping[str, str] | None = None,
     rendezvous_port: int = roles.RENDEZVOUS_PORT,
     rendezvous_timeout_s: int | None = None,
     outcome_dir: str | None = None,
 ) -> LaunchPlan:
-    """The role's commands for this host (pure: nothing is started)."""
+    """The role's commands for this host (pure: nothing is started). ``efa_env``: the trainer's
+    network variables, decided at start-up by ``efa.trainer_network``."""
     group = spec.group(identity.group)
     env: dict[str, str] = {}
     uri = environ.get(ENV_CHECKPOINT_URI, "").strip()
@@ -229,13 +245,8 @@ def make_plan(
         checkpoint_dir = SAGEMAKER_CHECKPOINT_DIR
     if group.role is Role.TRAINER:
         default_dir = SAGEMAKER_OUTPUT_DIR if backend is Backend.SAGEMAKER else f"runs/{spec.name}"
-        env.update(
-            roles.network_env(
-                group,
-                efa=roles.efa_present() if efa is None else efa,
-                socket_ifname=network_interface,
-            )
-        )
+        if network_interface:
+            env["NCCL_SOCKET_IFNAME"] = network_interface
         # On EC2 the trainer keeps looking for data servers by the cluster's tags while it runs
         # (a replacement comes back at a new address). A SageMaker job's hosts are fixed for
         # its lifetime (a managed Spot restart starts the whole job again): the list suffices.
@@ -244,6 +255,8 @@ def make_plan(
             data_servers = (f"ec2:{identity.cluster or spec.name}",)
             if identity.region:
                 env.setdefault(ENV_REGION, identity.region)
+        # EFA or TCP sockets, decided once at start-up: FI_* variables only where EFA works.
+        env.update(efa_env or {})
         cmd = roles.trainer_command(
             spec,
             spec_path=spec_path,
@@ -307,8 +320,11 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return EXIT_CONFIG
     backend = choose_backend(args.backend, identity, resourceconfig, imds)
+    efa_env = _trainer_efa_env(spec, identity, backend)
+    if efa_env is None:
+        return EXIT_CONFIG
     if backend is Backend.EC2:
-        return _run_ec2(spec, args, identity, imds)
+        return _run_ec2(spec, args, identity, imds, efa_env)
     network_interface: str | None = None
     try:
         if backend is Backend.SAGEMAKER:
@@ -334,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
             run_dir=run_dir,
             environ=os.environ,
             network_interface=network_interface,
+            efa_env=efa_env,
             outcome_dir=str(outcome_dir),
         )
     except ValueError as e:  # e.g. --host-index outside the group
@@ -372,8 +389,45 @@ def _print_plan(plan: LaunchPlan) -> None:
         print(f"{name}: {extra + ' ' if extra else ''}{shlex.join(cmd.argv)}")
 
 
+def _trainer_efa_env(
+    spec: ClusterSpec, identity: GroupIdentity, backend: Backend
+) -> dict[str, str] | None:
+    """A trainer's EFA and NCCL variables (``efa.trainer_network``, which logs its decision);
+    None, logged, when the group has efa = "on" and this host cannot give NCCL EFA. Local runs
+    talk over loopback on one machine: EFA plays no part there."""
+    group = spec.group(identity.group)
+    if group.role is not Role.TRAINER or backend is Backend.LOCAL:
+        return {}
+    try:
+        return dict(efa.trainer_network(group).env)
+    except efa.EfaUnavailable as e:
+        log.error("%s", e)
+        return None
+
+
+def _replace_this_instance(why: str, region: str | None, instance_id: str, dry_run: bool) -> int:
+    """Leave the Auto Scaling group without lowering its desired capacity, so that it launches
+    a replacement from the current launch template, which holds the deployed spec."""
+    import boto3
+
+    log.error("%s: asking Auto Scaling to replace this instance", why)
+    if dry_run:
+        return EXIT_STOPPED
+    try:
+        boto3.client("autoscaling", region_name=region).terminate_instance_in_auto_scaling_group(
+            InstanceId=instance_id, ShouldDecrementDesiredCapacity=False
+        )
+    except Exception as e:  # Still do not run the job with the wrong spec.
+        log.error("could not replace this instance (%s): terminate %s by hand", e, instance_id)
+    return EXIT_STOPPED
+
+
 def _run_ec2(
-    spec: ClusterSpec, args: argparse.Namespace, identity: GroupIdentity, imds: ImdsClient
+    spec: ClusterSpec,
+    args: argparse.Namespace,
+    identity: GroupIdentity,
+    imds: ImdsClient,
+    efa_env: Mapping[str, str],
 ) -> int:
     """EC2: the generation loop of ``ec2_job`` (or, with ``--dry-run``, the first plan)."""
     import boto3  # only EC2 needs it; keeps local starts light
@@ -387,9 +441,27 @@ def _run_ec2(
         log.error("IMDS did not give this instance's id")
         return EXIT_PEERS
     region = _region(identity)
+    environ = dict(os.environ)
+    job_watch: jobparam.JobWatch | None = None
+    parameter = environ.get(ENV_JOB_PARAMETER, "").strip()
+    if parameter:
+        # The job pointer comes first: its checkpoint URI is the one the plan, the job record
+        # and the trainer's environment use from here on.
+        ssm = jobparam.ssm_client(region)
+        try:
+            pointer = jobparam.read_job_pointer_patiently(ssm, parameter)
+        except (jobparam.JobParameterNotFound, jobparam.JobPointerError) as e:
+            log.error("%s", e)
+            return EXIT_CONFIG
+        log.info("job %s, checkpoints %s", pointer.job_id, pointer.checkpoint_uri)
+        stale = jobparam.stale_spec(pointer, Path(args.spec).read_text())
+        if stale is not None:
+            return _replace_this_instance(stale, region, str(identity.instance_id), args.dry_run)
+        environ[ENV_CHECKPOINT_URI] = pointer.checkpoint_uri
+        job_watch = jobparam.JobWatch(ssm, parameter, pointer)
     ec2 = boto3.client("ec2", region_name=region)
     autoscaling = boto3.client("autoscaling", region_name=region)
-    location = ec2_job.record_location(os.environ, spec)
+    location = ec2_job.record_location(environ, spec)
     record = JobRecord(location) if location else None
     run_dir = Path(args.run_dir or f"runs/{spec.name}")
 
@@ -401,10 +473,11 @@ def _run_ec2(
             backend=Backend.EC2,
             found_peers=found,
             run_dir=str(run_dir),
-            environ=os.environ,
+            environ=environ,
             rendezvous_port=port,
             rendezvous_timeout_s=args.rendezvous_timeout,
             outcome_dir=outcome_dir,
+            efa_env=efa_env,
         )
 
     job = ec2_job.Ec2Job(
@@ -412,12 +485,13 @@ def _run_ec2(
         identity=identity,
         settings=ec2_job.default_settings(args),
         plan_for=plan_for,
-        environ=dict(os.environ),
+        environ=environ,
         run_dir=run_dir,
         ec2=ec2,
         autoscaling=autoscaling,
         record=record,
         asg_names=job_end.asg_names_from_env(os.environ),
+        job_watch=job_watch,
     )
     if args.dry_run:
         return _dry_run_ec2(job, args)
@@ -425,7 +499,43 @@ def _run_ec2(
         "backend ec2, group %r (%s), instance %s at %s",
         identity.group, spec.group(identity.group).role.value, identity.instance_id, identity.host,
     )  # fmt: skip
-    return job.run()
+    code = job.run()
+    if code == ec2_job.EXIT_NEW_JOB:
+        return restart_for_new_job()
+    return code
+
+
+def restart_for_new_job(environ: Mapping[str, str] | None = None) -> int:
+    """Run this launcher again, from the start, on the new job: ``os.execve`` of the same command
+    line. Returns only when that is not possible (``ec2_job.EXIT_NEW_JOB``).
+
+    Why re-execute rather than exit and let Docker restart the container
+    (``--restart on-failure:N`` in the user data): each such restart would spend one of the N
+    that are there for crashes ("the number of times to retry before giving up",
+    https://docs.docker.com/reference/api/engine/version/v1.57/schemas/RestartPolicy/) and
+    would report a healthy hand-over as a failure. ``execve`` keeps the process (PID 1 of the
+    container, so ``docker stop`` still reaches it) and replaces everything in it: no thread,
+    signal handler, client or job record of the old job survives, and the new process reads
+    the pointer first, like any start. The role's processes were stopped before (the
+    supervisor waits for them)."""
+    env = dict(os.environ if environ is None else environ)
+    switches = int(env.get(_ENV_JOB_SWITCHES, "0") or 0) + 1
+    if switches > MAX_JOB_SWITCHES:
+        log.error(
+            "this launcher already started %d new jobs; exiting %d so that Docker restarts it",
+            MAX_JOB_SWITCHES, ec2_job.EXIT_NEW_JOB,
+        )  # fmt: skip
+        return ec2_job.EXIT_NEW_JOB
+    env[_ENV_JOB_SWITCHES] = str(switches)
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    log.info("starting again on the new job: %s", shlex.join(argv))
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError as e:
+        log.error("could not re-execute the launcher (%s): exiting %d", e, ec2_job.EXIT_NEW_JOB)
+    return ec2_job.EXIT_NEW_JOB
 
 
 def _dry_run_ec2(job: ec2_job.Ec2Job, args: argparse.Namespace) -> int:

@@ -1,9 +1,11 @@
 """``hetero status``: the job as AWS and its job record see it.
 
-Groups (desired, minimum, maximum and in-service counts), instances by group, market and AZ,
-the job's outcome, each host's last reported state and metrics, and the newest complete
-checkpoint. Read-only: it calls only Describe/List/Get APIs. Credentials, region and endpoint
-come from the usual places (``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``...).
+The current job (the SSM job pointer ``/hetero/<cluster>/job``, when the stack created it: its
+id and checkpoint URI, which is where the job record is), groups (desired, minimum, maximum and
+in-service counts), instances by group, market and AZ, the job's outcome, each host's last
+reported state and metrics, and the newest complete checkpoint. Read-only: it calls only
+Describe/List/Get APIs. Credentials, region and endpoint come from the usual places
+(``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``...).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from training import aws_tags
+from training.launcher.jobparam import JobParameterNotFound, read_job_pointer
 from training.launcher.jobrecord import JobRecord
 from training.launcher.peers import list_cluster_instances
 from training.spec import ClusterSpec, load_spec
@@ -27,6 +30,10 @@ log = logging.getLogger(__name__)
 @dataclass
 class JobStatus:
     cluster: str
+    job: dict[str, Any] | None = None
+    """The job pointer (``job_id``, ``checkpoint_uri``, ``started``, ``resumed_from``), if any."""
+    checkpoint_uri: str | None = None
+    """Where the job record and the checkpoints were read."""
     groups: list[dict[str, Any]] = field(default_factory=list)
     instances: list[dict[str, Any]] = field(default_factory=list)
     outcome: dict[str, Any] | None = None
@@ -42,9 +49,26 @@ def collect(
     ec2: Any,
     autoscaling: Any,
     s3: Any | None = None,
+    ssm: Any | None = None,
+    default_uri: str | None = None,
 ) -> JobStatus:
-    """Everything ``hetero status`` shows; each source's failure is kept in ``errors``."""
+    """Everything ``hetero status`` shows; each source's failure is kept in ``errors``.
+
+    The job record is read at ``checkpoint_uri`` when given, else at the job pointer's (read
+    with ``ssm``, when the parameter exists), else at ``default_uri``."""
     status = JobStatus(cluster=spec.name)
+    if ssm is not None:
+        name = aws_tags.job_parameter_name(spec.name)
+        try:
+            pointer = read_job_pointer(ssm, name)
+            status.job = asdict(pointer)
+            checkpoint_uri = checkpoint_uri or pointer.checkpoint_uri
+        except JobParameterNotFound:
+            pass  # A stack from before the job pointer: the URI comes from elsewhere.
+        except Exception as e:
+            status.errors.append(f"job pointer {name}: {e}")
+    checkpoint_uri = checkpoint_uri or default_uri
+    status.checkpoint_uri = checkpoint_uri
     names = [aws_tags.asg_name(spec.name, g.name) for g in spec.groups]
     try:
         found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=names)
@@ -107,11 +131,18 @@ def render(status: JobStatus) -> None:
 
     console = Console()
     outcome = status.outcome or {}
+    job = status.job or {}
     console.print(
         f"[bold]{status.cluster}[/]: job "
-        f"{outcome.get('outcome', 'running (no outcome recorded)')}"
+        + (f"{job['job_id']} " if job.get("job_id") else "")
+        + f"{outcome.get('outcome', 'running (no outcome recorded)')}"
         + (f" ({outcome.get('reason')})" if outcome.get("reason") else "")
     )
+    if job:
+        console.print(
+            f"checkpoints {job.get('checkpoint_uri')}, started {job.get('started') or '-'}"
+            + (f", resumed from job {job['resumed_from']}" if job.get("resumed_from") else "")
+        )
     groups = Table("group", "Auto Scaling group", "desired", "min", "max", "in service")
     for g in status.groups:
         groups.add_row(
@@ -143,9 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", default="cluster.toml", help="the deployed cluster spec")
     parser.add_argument(
         "--checkpoint-uri",
-        help="where the checkpoints and the job record are (default: the stack's "
-        f"s3://BUCKET/{aws_tags.CHECKPOINT_PREFIX}/<name>/ from ${aws_tags.ENV_CHECKPOINT_URI}, "
-        "else the spec's job.checkpoint.dir)",
+        help="where the checkpoints and the job record are (default: the current job's, from "
+        "the SSM parameter /hetero/<name>/job; without that parameter "
+        f"${aws_tags.ENV_CHECKPOINT_URI}, else the spec's job.checkpoint.dir)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -153,18 +184,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import boto3
 
+    from training.launcher.jobparam import ssm_client
+
     spec = load_spec(args.spec)
-    uri = (
-        args.checkpoint_uri
-        or os.environ.get(aws_tags.ENV_CHECKPOINT_URI, "").strip()
-        or spec.job.checkpoint.dir
-    )
     status = collect(
         spec,
-        checkpoint_uri=uri,
+        checkpoint_uri=args.checkpoint_uri,
         ec2=boto3.client("ec2"),
         autoscaling=boto3.client("autoscaling"),
-        s3=boto3.client("s3") if uri.startswith("s3://") else None,
+        s3=boto3.client("s3"),
+        ssm=ssm_client(),
+        default_uri=(
+            os.environ.get(aws_tags.ENV_CHECKPOINT_URI, "").strip() or spec.job.checkpoint.dir
+        ),
     )
     if args.json:
         json.dump(asdict(status), sys.stdout, indent=2, default=str)

@@ -1,0 +1,225 @@
+"""The job pointer: which job a deployed cluster runs now, and where its checkpoints are.
+
+An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
+(``aws_tags.job_parameter_name``) holds one JSON object::
+
+    {"job_id": "j-20261122T100000-ab12",
+     "checkpoint_uri": "s3://bucket/checkpoints/d-0123456789ab/",
+     "started": "2026-11-22T10:00:00Z",
+     "resumed_from": "d-0123456789ab"}
+
+- ``job_id``: ``d-<first 12 hex of sha256(spec)>`` for the job a deploy starts (the same spec
+  deploys the same id, so CloudFormation sees no change), ``j-<UTC yyyymmddTHHMMSS>-<4 hex>``
+  for one ``hetero job start`` starts.
+- ``checkpoint_uri``: where the trainer's checkpoints and the job record (``job/``) are; it
+  replaces ``HETERO_CHECKPOINT_URI`` on the instances.
+- ``started``: ISO 8601 UTC time of ``hetero job start``; null for the job a deploy created
+  (a CloudFormation template has no deploy time to put there).
+- ``resumed_from``: the previous job's id when the job resumes its checkpoints, else null.
+
+The stack creates the parameter (``infra/job.py``); ``hetero job start`` overwrites it; the
+launcher reads it when it starts and at every generation boundary (``JobWatch``), so a host
+still running an older job leaves it for the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEPLOYED_ID_PREFIX = "d-"
+"""Job ids a deploy creates (``deployed_job_id``)."""
+STARTED_ID_PREFIX = "j-"
+"""Job ids ``hetero job start`` creates."""
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_FIX = "run `hetero job start --spec FILE` to write a valid one"
+
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 10.0
+MAX_ATTEMPTS = 4
+"""Attempts per SSM request in all (botocore's ``standard`` retry mode, with backoff)."""
+
+
+class JobPointerError(ValueError):
+    """The job parameter holds something that is not a job pointer (the message says what)."""
+
+
+class JobParameterNotFound(LookupError):
+    """The job parameter does not exist (the stack was not deployed, or with an older version)."""
+
+
+@dataclass(frozen=True)
+class JobPointer:
+    """The cluster's current job (see the module docstring for each field)."""
+
+    job_id: str
+    checkpoint_uri: str
+    started: str | None = None
+    resumed_from: str | None = None
+
+    def to_json(self) -> str:
+        """The parameter's value (keys in the documented order)."""
+        return json.dumps(asdict(self))
+
+    @property
+    def checkpoint_base(self) -> str:
+        """The folder that holds this job's checkpoint folder (``--fresh`` puts the new job's
+        folder there): ``s3://b/checkpoints/`` for ``s3://b/checkpoints/d-0123/``."""
+        head, sep, _ = self.checkpoint_uri.rstrip("/").rpartition("/")
+        if not sep or head.endswith(":/") or head.endswith(":"):
+            raise JobPointerError(
+                f"checkpoint_uri {self.checkpoint_uri!r} has no parent folder to put a new job's "
+                "checkpoints in (expected s3://bucket/prefix/<job id>/)"
+            )
+        return head + "/"
+
+
+def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPointer:
+    """The pointer in ``text``; ``JobPointerError`` naming ``source``, what is wrong and the fix.
+    Keys other than the four documented ones are ignored (a newer writer may add some)."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise JobPointerError(f"{source} is not JSON ({e}): {text[:200]!r}; {_FIX}") from None
+    if not isinstance(value, dict):
+        raise JobPointerError(
+            f"{source} must be a JSON object with job_id and checkpoint_uri, got "
+            f"{type(value).__name__}: {text[:200]!r}; {_FIX}"
+        )
+    problems: list[str] = []
+    job_id = value.get("job_id")
+    if not isinstance(job_id, str) or not _JOB_ID_RE.match(job_id):
+        problems.append(
+            f"job_id must be a string of letters, digits, '.', '_' or '-' (got {job_id!r})"
+        )
+    uri = value.get("checkpoint_uri")
+    if not isinstance(uri, str) or not uri.strip() or not uri.endswith("/"):
+        problems.append(
+            f"checkpoint_uri must be a folder URI ending in '/', e.g. "
+            f"s3://bucket/checkpoints/<job id>/ (got {uri!r})"
+        )
+    for key in ("started", "resumed_from"):
+        if value.get(key) is not None and not isinstance(value.get(key), str):
+            problems.append(f"{key} must be a string or null (got {value.get(key)!r})")
+    if problems:
+        raise JobPointerError(f"{source} is not a valid job pointer: {'; '.join(problems)}; {_FIX}")
+    return JobPointer(
+        job_id=str(job_id),
+        checkpoint_uri=str(uri),
+        started=value.get("started"),
+        resumed_from=value.get("resumed_from"),
+    )
+
+
+def deployed_job_id(spec_text: str) -> str:
+    """The id of the job a deploy of ``spec_text`` starts: the same spec gives the same id (an
+    unchanged template), a changed spec a new one (and a new checkpoint folder)."""
+    return DEPLOYED_ID_PREFIX + hashlib.sha256(spec_text.encode()).hexdigest()[:12]
+
+
+def deployed_job_pointer(spec_text: str, checkpoint_base_uri: str) -> JobPointer:
+    """The pointer the stack writes: ``started`` is null, there is no deploy time to record."""
+    job_id = deployed_job_id(spec_text)
+    base = checkpoint_base_uri if checkpoint_base_uri.endswith("/") else checkpoint_base_uri + "/"
+    return JobPointer(job_id=job_id, checkpoint_uri=f"{base}{job_id}/")
+
+
+def ssm_client(region: str | None = None) -> Any:
+    """A boto3 SSM client whose every call ends within seconds when SSM cannot be reached."""
+    import boto3  # Imported here: the stacks import this module and never call AWS.
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+    )
+    return boto3.client("ssm", region_name=region, config=config)
+
+
+def read_job_pointer(ssm: Any, name: str) -> JobPointer:
+    """The pointer in parameter ``name``. ``JobParameterNotFound`` when it does not exist,
+    ``JobPointerError`` when its value is not a pointer; other errors (access, network)
+    propagate as botocore raises them."""
+    try:
+        reply = ssm.get_parameter(Name=name)
+    except ssm.exceptions.ParameterNotFound:
+        raise JobParameterNotFound(
+            f"SSM parameter {name} does not exist: deploy the cluster stack first "
+            "(npx cdk deploy --all -c spec=FILE), which creates it"
+        ) from None
+    return parse_job_pointer(reply["Parameter"]["Value"], source=f"SSM parameter {name}")
+
+
+def read_job_pointer_patiently(
+    ssm: Any, name: str, *, timeout_s: float = 60.0, pause_s: float = 5.0
+) -> JobPointer:
+    """``read_job_pointer``, retried for up to ``timeout_s`` while SSM cannot be reached (an
+    instance that has just booted may wait for the VPC endpoint or its role's credentials);
+    a missing parameter or a bad value is final at once."""
+    deadline = time.monotonic() + timeout_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return read_job_pointer(ssm, name)
+        except (JobParameterNotFound, JobPointerError):
+            raise
+        except Exception as e:  # botocore's connection, credential and service errors
+            if time.monotonic() + pause_s > deadline:
+                raise JobPointerError(
+                    f"could not read SSM parameter {name} in {timeout_s:g}s ({attempt} "
+                    f"attempts; last: {e}). Check the instance role's ssm:GetParameter "
+                    "permission and the SSM VPC endpoint"
+                ) from e
+            log.warning("could not read SSM parameter %s (%s); retrying in %gs", name, e, pause_s)
+            time.sleep(pause_s)
+
+
+class JobWatch:
+    """Whether the job this host runs is still the cluster's current one.
+
+    Thread-safe (boto3 clients are); a read that fails is logged and counts as "still current",
+    so an SSM hiccup never makes a host leave a running job."""
+
+    def __init__(self, ssm: Any, name: str, pointer: JobPointer) -> None:
+        self.ssm = ssm
+        self.name = name
+        self.pointer = pointer
+        """The job this host runs."""
+
+    def newer(self) -> JobPointer | None:
+        """The parameter's pointer when it names another job than ``pointer``, else None."""
+        try:
+            current = read_job_pointer(self.ssm, self.name)
+        except Exception as e:
+            log.warning("could not read the job pointer %s: %s (staying on job %s)",
+                        self.name, e, self.pointer.job_id)  # fmt: skip
+            return None
+        return None if current.job_id == self.pointer.job_id else current
+
+
+def stale_spec(pointer: JobPointer, spec_text: str) -> str | None:
+    """Why this host must not run ``pointer``'s job with the spec it has, or None.
+
+    A job a deploy started (id ``d-<spec hash>``) runs the spec of that deploy. An instance that
+    holds another spec was launched from an earlier launch template, and a deploy of a changed
+    spec does not replace running instances: joining would mix two specs in one job. Jobs that
+    ``hetero job start`` started keep the deployed spec, so only deploy ids can be checked.
+    """
+    if not pointer.job_id.startswith(DEPLOYED_ID_PREFIX):
+        return None
+    mine = deployed_job_id(spec_text)
+    if pointer.job_id == mine:
+        return None
+    return (
+        f"job {pointer.job_id} was deployed with another spec than this instance's (which "
+        f"would be job {mine}): this instance came from an earlier launch template"
+    )

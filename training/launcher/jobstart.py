@@ -1,0 +1,305 @@
+"""``hetero job start``: start another job on a deployed cluster, without a redeploy.
+
+A job ends with its outcome in the job record and every Auto Scaling group at zero
+(``job_end.py``). Starting the next one takes a new job id, a choice of checkpoints and the
+groups back at their counts:
+
+1. read the job pointer (``/hetero/<cluster>/job``, ``jobparam.py``); none: deploy first;
+2. refuse while the current job still runs (a group with desired capacity or instances in
+   service), unless ``--force``;
+3. ``--resume`` (the default): the new job keeps the checkpoint URI and resumes from its newest
+   complete checkpoint; the old job record (``<uri>job/``) is moved to
+   ``<uri>job-history/<old job id>/`` first, so the new job starts with an empty record (a host
+   that found the old outcome there would run nothing) and nothing is lost.
+   ``--fresh``: the new job gets its own folder, ``<parent of the old URI>/<new job id>/``,
+   and starts from step 0;
+4. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
+   (pointer first: an instance that starts must read the new job).
+
+Instances still running the old job (``--force``) read the pointer at least every
+``--job-poll`` seconds: they stop the old job's role (the trainer checkpoints) and start again
+on the new job; they never end the old job or scale its groups down (``ec2_job.py``).
+
+The caller's credentials need ``ssm:GetParameter`` and ``ssm:PutParameter`` on the parameter,
+``autoscaling:DescribeAutoScalingGroups`` and ``autoscaling:UpdateAutoScalingGroup``, and on
+the checkpoint bucket ``s3:ListBucket``, ``s3:GetObject``, ``s3:PutObject`` and
+``s3:DeleteObject`` (``--resume`` moves the record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import secrets
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from training import aws_tags
+from training.launcher.jobparam import (
+    STARTED_ID_PREFIX,
+    JobParameterNotFound,
+    JobPointer,
+    JobPointerError,
+    read_job_pointer,
+)
+from training.spec import ClusterSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+RECORD_PREFIX = "job/"
+"""The job record's folder under the checkpoint URI (``jobrecord.PREFIX``)."""
+HISTORY_PREFIX = "job-history/"
+"""Where ``--resume`` keeps earlier jobs' records: ``<uri>job-history/<job id>/``."""
+EXIT_REFUSED = 1
+_DELETE_BATCH = 1000
+"""Keys per DeleteObjects request (S3's limit)."""
+
+
+class JobStartError(RuntimeError):
+    """The new job was not started (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    """What ``start_job`` did."""
+
+    pointer: JobPointer
+    previous: JobPointer
+    moved: tuple[str, ...]
+    """The old record's objects, by their new ``s3://`` URI (``--resume``)."""
+    history_uri: str | None
+    """Where the old record went (``--resume``), else None."""
+    groups: tuple[tuple[str, int], ...]
+    """(Auto Scaling group, desired capacity) as set."""
+
+
+def new_job_id(now: datetime, token: str) -> str:
+    """``j-<UTC yyyymmddTHHMMSS>-<token>``: sorts by start time; ``token`` (4 hex) keeps two
+    starts within a second apart."""
+    return f"{STARTED_ID_PREFIX}{now.astimezone(UTC):%Y%m%dT%H%M%S}-{token}"
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise JobStartError(
+            f"the job's checkpoint URI {uri!r} is not in S3: hetero job start moves and creates "
+            "job folders in the stack's checkpoint bucket only (s3://...)"
+        )
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    return bucket, prefix
+
+
+def check_groups(
+    spec: ClusterSpec, autoscaling: Any, *, job_id: str, spec_path: str, force: bool
+) -> None:
+    """Refuse (``JobStartError``) when a group is missing, was deployed with another count
+    than the spec's, or still has capacity (unless ``force``)."""
+    names = {g.name: aws_tags.asg_name(spec.name, g.name) for g in spec.groups}
+    found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names.values()))
+    by_name = {g["AutoScalingGroupName"]: g for g in found.get("AutoScalingGroups", [])}
+    missing = [n for n in names.values() if n not in by_name]
+    if missing:
+        raise JobStartError(
+            f"Auto Scaling group(s) {', '.join(missing)} not found: deploy the stack with this "
+            f"spec first (npx cdk deploy --all -c spec={spec_path}), or pass the deployed spec"
+        )
+    # The stack sets MaxSize to the spec's count and job end leaves it: another count means
+    # another spec than the deployed one (whose copy the instances run).
+    other = [
+        f"{names[g.name]} (MaxSize {by_name[names[g.name]]['MaxSize']}, spec count {g.count})"
+        for g in spec.groups
+        if by_name[names[g.name]]["MaxSize"] != g.count
+    ]
+    if other:
+        raise JobStartError(
+            f"{spec_path} is not the spec the stack was deployed with: {', '.join(other)}. "
+            "Pass the deployed spec, or deploy this one (npx cdk deploy --all -c "
+            f"spec={spec_path}), which starts it as a new job"
+        )
+    running = []
+    for name in names.values():
+        asg = by_name[name]
+        in_service = sum(1 for i in asg.get("Instances", []) if i["LifecycleState"] == "InService")
+        if asg["DesiredCapacity"] > 0 or in_service:
+            running.append((name, asg["DesiredCapacity"], in_service))
+    if running and not force:
+        described = "; ".join(
+            f"{name} has desired capacity {desired} and {n} instance(s) in service"
+            for name, desired, n in running
+        )
+        stop = "\n".join(
+            f"  aws autoscaling update-auto-scaling-group --auto-scaling-group-name {name} "
+            "--min-size 0 --desired-capacity 0"
+            for name, _, _ in running
+        )
+        raise JobStartError(
+            f"job {job_id} is still running: {described}.\n"
+            "Let it end (its launchers scale every group to 0 when it finishes or fails; "
+            f"`hetero status --spec {spec_path}` shows it), or stop it:\n{stop}\n"
+            "then run this again. Or pass --force to start the new job now: the old job's hosts "
+            "stop its role (the trainer checkpoints) and join the new job."
+        )
+    if running:
+        log.warning("--force: starting a new job while job %s still runs", job_id)
+
+
+def archive_job_record(s3: Any, checkpoint_uri: str, job_id: str) -> tuple[str, tuple[str, ...]]:
+    """Move every object under ``<checkpoint_uri>job/`` to
+    ``<checkpoint_uri>job-history/<job_id>/``: copy all, then delete the originals (a failure
+    midway leaves every object in at least one place; running it again finishes the move).
+    Returns the history folder's URI and the moved objects' new URIs."""
+    bucket, prefix = _split_s3(checkpoint_uri)
+    source = prefix + RECORD_PREFIX
+    target = f"{prefix}{HISTORY_PREFIX}{job_id}/"
+    keys: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=source):
+        keys.extend(o["Key"] for o in page.get("Contents", []))
+    moved = []
+    for key in keys:
+        new_key = target + key[len(source) :]
+        s3.copy_object(Bucket=bucket, Key=new_key, CopySource={"Bucket": bucket, "Key": key})
+        moved.append(f"s3://{bucket}/{new_key}")
+    for i in range(0, len(keys), _DELETE_BATCH):
+        batch = keys[i : i + _DELETE_BATCH]
+        reply = s3.delete_objects(
+            Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+        )
+        if reply.get("Errors"):
+            first = reply["Errors"][0]
+            raise JobStartError(
+                f"could not delete {len(reply['Errors'])} object(s) of the old job record after "
+                f"copying them to s3://{bucket}/{target} (first: {first.get('Key')}: "
+                f"{first.get('Code')} {first.get('Message')}); run this again to finish the move"
+            )
+    return f"s3://{bucket}/{target}", tuple(moved)
+
+
+def start_job(
+    spec: ClusterSpec,
+    *,
+    ssm: Any,
+    autoscaling: Any,
+    s3: Any,
+    fresh: bool = False,
+    force: bool = False,
+    spec_path: str = "cluster.toml",
+    now: datetime | None = None,
+    token: str | None = None,
+) -> StartedJob:
+    """Start a new job on the deployed cluster of ``spec`` (see the module docstring)."""
+    name = aws_tags.job_parameter_name(spec.name)
+    previous = read_job_pointer(ssm, name)
+    check_groups(spec, autoscaling, job_id=previous.job_id, spec_path=spec_path, force=force)
+    now = now or datetime.now(UTC)
+    job_id = new_job_id(now, token or secrets.token_hex(2))
+    started = f"{now.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+    history_uri: str | None = None
+    moved: tuple[str, ...] = ()
+    if fresh:
+        pointer = JobPointer(job_id, f"{previous.checkpoint_base}{job_id}/", started, None)
+        _split_s3(pointer.checkpoint_uri)  # Refuse a non-S3 folder before anything changes.
+    else:
+        pointer = JobPointer(job_id, previous.checkpoint_uri, started, previous.job_id)
+        # Before the pointer: an instance of the new job must not find the old outcome.
+        history_uri, moved = archive_job_record(s3, previous.checkpoint_uri, previous.job_id)
+    ssm.put_parameter(Name=name, Value=pointer.to_json(), Type="String", Overwrite=True)
+    log.info("job pointer %s: %s", name, pointer.to_json())
+    groups = tuple((aws_tags.asg_name(spec.name, g.name), g.count) for g in spec.groups)
+    failed = []
+    for asg, count in groups:
+        try:
+            autoscaling.update_auto_scaling_group(
+                AutoScalingGroupName=asg, MinSize=0, MaxSize=count, DesiredCapacity=count
+            )
+        except Exception as e:  # Try every group; report all that failed.
+            failed.append(f"{asg}: {e}")
+    if failed:
+        fix = "\n".join(
+            f"  aws autoscaling update-auto-scaling-group --auto-scaling-group-name {asg} "
+            f"--min-size 0 --max-size {count} --desired-capacity {count}"
+            for asg, count in groups
+        )
+        raise JobStartError(
+            f"job {job_id} is the current job now ({name}), but these groups were not scaled: "
+            f"{'; '.join(failed)}. Fix the cause and set the sizes:\n{fix}"
+        )
+    return StartedJob(pointer, previous, moved, history_uri, groups)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="job_action", required=True, metavar="ACTION")
+    start = actions.add_parser(
+        "start",
+        help="start another job on the deployed cluster (no redeploy)",
+        description="Start another job on the deployed cluster: a new job id in the SSM job "
+        "pointer, then every Auto Scaling group at the spec's count.",
+    )
+    start.add_argument("--spec", default="cluster.toml", help="the deployed cluster spec")
+    mode = start.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--resume",
+        dest="fresh",
+        action="store_false",
+        help="(default) keep the checkpoints: resume from the newest complete one; the old job "
+        "record moves to <uri>job-history/<old job id>/",
+    )
+    mode.add_argument(
+        "--fresh",
+        dest="fresh",
+        action="store_true",
+        help="new checkpoint folder <parent of the current one>/<new job id>/: start at step 0",
+    )
+    start.set_defaults(fresh=False)
+    start.add_argument(
+        "--force",
+        action="store_true",
+        help="start even while the current job runs (its hosts leave it for the new one)",
+    )
+    start.add_argument("--region", help="AWS region (default: the usual boto3 configuration)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from training.launcher.jobparam import ssm_client
+
+    spec = load_spec(args.spec)
+    try:
+        started = start_job(
+            spec,
+            ssm=ssm_client(args.region),
+            autoscaling=boto3.client("autoscaling", region_name=args.region),
+            s3=boto3.client("s3", region_name=args.region),
+            fresh=args.fresh,
+            force=args.force,
+            spec_path=args.spec,
+        )
+    except (JobStartError, JobParameterNotFound, JobPointerError) as e:
+        print(f"hetero job start: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (BotoCoreError, ClientError) as e:
+        print(f"hetero job start: AWS refused or could not be reached: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(report(started, spec_path=args.spec))
+    return 0
+
+
+def report(started: StartedJob, *, spec_path: str) -> str:
+    """What ``hetero job start`` prints: the job, its checkpoints and how to follow it."""
+    p = started.pointer
+    lines = [
+        f"started job {p.job_id}"
+        + (f" (resumes job {p.resumed_from})" if p.resumed_from else " (fresh, from step 0)"),
+        f"checkpoints: {p.checkpoint_uri}",
+    ]
+    if started.history_uri is not None:
+        lines.append(
+            f"job {started.previous.job_id}'s record: moved to {started.history_uri} "
+            f"({len(started.moved)} objects)"
+        )
+    lines.append("groups: " + ", ".join(f"{asg} {count}" for asg, count in started.groups))
+    lines.append(f"follow it: hetero status --spec {spec_path}")
+    return "\n".join(lines)
