@@ -53,7 +53,7 @@ def test_cdk_synth_from_the_repo_under_a_minute(tmp_path: Path) -> None:
     staged = {p.name for p in asset.iterdir()}
     # Exactly what the Dockerfile COPYs; no spec (it reaches instances at run time, so editing
     # it never rebuilds the image) and nothing large.
-    assert staged == {"containers", "training", "pyproject.toml", "README.md"}, staged
+    assert staged == {"containers", "training", "pyproject.toml", "README.md", ".dockerignore"}
     size = sum(p.stat().st_size for p in asset.rglob("*") if p.is_file())
     assert size < 5_000_000, f"build context {size / 1e6:.1f} MB"
     assert not list(asset.rglob("__pycache__"))
