@@ -61,6 +61,14 @@ class Parallelism(StrEnum):
     HSDP = "hsdp"
 
 
+class GradCompression(StrEnum):
+    """How DDP all-reduces gradients: ``none`` in their own dtype; ``bf16`` cast to bf16 for the
+    all-reduce (torch's ``bf16_compress_hook``: half the bytes, bf16 precision)."""
+
+    NONE = "none"
+    BF16 = "bf16"
+
+
 class DatasetSource(StrEnum):
     SYNTHETIC = "synthetic"
     FOLDER = "folder"
@@ -158,6 +166,8 @@ class ParallelismSpec:
     """HSDP: ranks that shard one replica (default: ranks per trainer instance)."""
     replicate_degree: int | None = None
     """HSDP: number of replicas (default: world size / shard degree)."""
+    grad_compression: GradCompression = GradCompression.NONE
+    """DDP only: ``bf16`` halves the gradient all-reduce bytes at bf16 precision."""
 
 
 @dataclass(frozen=True)
@@ -490,7 +500,17 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
             for key, val in (("shard_degree", shard), ("replicate_degree", replicate)):
                 if val is not None:
                     r.problem(key, f"only applies to strategy 'hsdp' (strategy is {strategy})")
-        parallelism = ParallelismSpec(strategy, shard or None, replicate or None)
+        compression = r.choice(par_t, "grad_compression", GradCompression, GradCompression.NONE)
+        if compression is not GradCompression.NONE and strategy is not Parallelism.DDP:
+            # FSDP2 reduce-scatters in its MixedPrecisionPolicy's reduce dtype, not via DDP hooks.
+            r.problem(
+                "grad_compression",
+                f"'{compression}' only applies to strategy 'ddp' (strategy is {strategy}: it "
+                "reduce-scatters gradients in its own dtype); set strategy = 'ddp' or remove "
+                "grad_compression",
+            )
+            compression = GradCompression.NONE
+        parallelism = ParallelismSpec(strategy, shard or None, replicate or None, compression)
 
     pr_t = r.table(t, "prices")
     with r.at("prices"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from training.aws_tags import ENV_CLUSTER
-from training.spec import ClusterSpec, Parallelism, Precision
+from training.spec import ClusterSpec, GradCompression, Parallelism, Precision
 from training.trainer.checkpoint_s3 import parse_s3_uri
 
 ENV_COLLECTIVE_TIMEOUT = "HETERO_COLLECTIVE_TIMEOUT_S"
@@ -82,6 +82,8 @@ class ParallelConfig:
     """HSDP: ranks per shard group (default: ranks per node, torchrun's LOCAL_WORLD_SIZE)."""
     replicate_degree: int | None
     """HSDP: replica count (default: world size / shard degree)."""
+    grad_compression: GradCompression = GradCompression.NONE
+    """DDP: ``bf16`` all-reduces gradients in bf16 (``job.parallelism.grad_compression``)."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,7 @@ class TrainerConfig:
                 strategy=job.parallelism.strategy,
                 shard_degree=job.parallelism.shard_degree,
                 replicate_degree=job.parallelism.replicate_degree,
+                grad_compression=job.parallelism.grad_compression,
             ),
             checkpoint=CheckpointConfig(
                 dir=Path(ckpt),

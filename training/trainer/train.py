@@ -122,8 +122,9 @@ class Trainer:
         if config.compile:
             compile_blocks(model)
         self.model: nn.Module = parallelize(
-            model, self.dims, self.mesh, self.device, bf16=self.autocast
-        )
+            model, self.dims, self.mesh, self.device, bf16=self.autocast,
+            grad_compression=config.parallel.grad_compression,
+        )  # fmt: skip
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.model, config.optim.weight_decay), lr=config.optim.lr
         )
@@ -350,6 +351,7 @@ class Trainer:
                 "wall_s": time.perf_counter() - started,
                 "world_size": self.world_size,
                 "strategy": str(self.dims.strategy),
+                "grad_compression": str(self.config.parallel.grad_compression),
                 "mesh": [self.dims.replicate, self.dims.shard],
                 "cluster_usd_per_hour": self.config.spec.usd_per_hour(),
                 "memory_per_rank": per_rank,
