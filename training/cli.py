@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rehearse": ("training.rehearsal.cli", "rehearse the spec's AWS lifecycle here, with faults"),
     "sagemaker": ("training.sagemaker_submit", "submit the spec as a SageMaker heterogeneous job"),
     "preflight": ("training.preflight", "check quotas, AZ, AMIs, Spot score, CDK bootstrap first"),
+    "plan": ("training.planner.cli", "rank clusters by expected samples per dollar under Spot"),
 }
 
 

@@ -1,0 +1,236 @@
+"""``hetero plan``: choose the cluster by expected samples per dollar under preemption.
+
+    hetero plan --spec cluster.toml --out runs/plan [--offline] [--region R]
+                [--compare "4 x g5.xlarge spot" "1 x g5.12xlarge on-demand" ...]
+                [--samples N] [--write-spec FILE]
+
+Writes OUT/plan.csv, OUT/plan.json and OUT/plan.png and prints the ranked table. Live prices
+and Spot placement scores are used where AWS credentials exist (read-only calls:
+pricing:GetProducts, ec2:DescribeSpotPriceHistory, ec2:GetSpotPlacementScores,
+ec2:DescribeAvailabilityZones, ec2:DescribeSubnets); otherwise, or with --offline, the dated
+offline tables, and no placement scores. Exit code 0, or 2 with a message for what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from training.planner.candidates import Candidate, candidates, check_region
+from training.planner.errors import PlanError
+from training.planner.evaluate import DataprepPolicy, Plan, rank, spot_score_groups
+from training.planner.facts import Facts
+from training.planner.placement import Placement, best_placement, zones
+from training.planner.prices import PRICING_REGION, PriceBook, live_on_demand, live_spot
+from training.planner.results import RESULTS_DIR, load_measured
+from training.planner.workload import workload_from_spec
+from training.spec import ClusterSpec, Efa, Market, load_spec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REGION = "us-east-1"
+"""Where no region is given or configured: the region of the offline price table."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", default="cluster.toml", help="cluster spec (TOML)")
+    parser.add_argument("--out", default="runs/plan", help="folder for plan.csv/.json/.png")
+    parser.add_argument(
+        "--offline", action="store_true", help="no AWS calls: offline prices, no placement scores"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="CONFIG",
+        help="configurations 'N x TYPE [spot|on-demand]' (optionally '+ M x CPU_TYPE [market]' "
+        "for a fixed dataprep group); default: the spec's trainer types x counts 1, 2, 4 x both "
+        "markets",
+    )
+    parser.add_argument(
+        "--region", help=f"AWS region (default: AWS_REGION / profile, else {DEFAULT_REGION})"
+    )
+    parser.add_argument(
+        "--samples", type=int, help="samples to train (default: from the spec's steps or epochs)"
+    )
+    parser.add_argument("--write-spec", metavar="FILE", help="write the winner into a spec copy")
+    parser.add_argument(
+        "--results", default=str(RESULTS_DIR), help="benchmark results folder (measured figures)"
+    )
+
+
+def known_regions() -> set[str]:
+    """Every region of every partition botocore knows for EC2 (offline: its endpoint data)."""
+    import boto3
+
+    session = boto3.Session()
+    return {
+        r
+        for partition in session.get_available_partitions()
+        for r in session.get_available_regions("ec2", partition_name=partition)
+    }
+
+
+def pricing_client(session: Any) -> Any:
+    """The Price List API client (its endpoint in us-east-1 serves every region's prices)."""
+    return session.client("pricing", region_name=PRICING_REGION)
+
+
+def dataprep_policy(spec: ClusterSpec, facts: Facts) -> DataprepPolicy:
+    """CPU types and market for the dataprep group: the spec's dataprep types first, then the
+    planner's list; the market and EFA requirement of the spec's first dataprep group."""
+    groups = spec.dataprep_groups
+    types = [t for g in groups for t in g.instance_types] + list(facts.dataprep_types)
+    return DataprepPolicy(
+        types=tuple(dict.fromkeys(types)),
+        market=groups[0].market if groups else Market.SPOT,
+        efa_required=any(g.efa is Efa.ON for g in groups),
+        group_name=groups[0].name if groups else "dataprep",
+    )
+
+
+def gather_live(
+    ec2: Any,
+    pricing: Any,
+    found: Sequence[Candidate],
+    policy: DataprepPolicy,
+    prices: PriceBook,
+    facts: Facts,
+    region: str,
+    now: datetime.datetime,
+) -> tuple[dict[tuple[int, int], Placement], list[str]]:
+    """Fill ``prices`` with live prices and score every Spot trainer group; notes for what fell
+    back to offline data."""
+    notes: list[str] = []
+    zone_list, why = zones(ec2)
+    if why:
+        notes.append(f"no placement scores: {why}")
+    placements: dict[tuple[int, int], Placement] = {}
+    if zone_list:
+        for key, types in spot_score_groups(found, facts).items():
+            placements[key] = best_placement(ec2, types, key[1], region, zone_list)
+
+    spot: list[str] = []
+    on_demand: list[str] = []
+    for c in found:
+        for g in (c.trainer, c.dataprep):
+            if g is not None:
+                (spot if g.market is Market.SPOT else on_demand).append(g.instance_type)
+    if not all(c.dataprep for c in found):
+        (spot if policy.market is Market.SPOT else on_demand).extend(policy.types)
+    spot_prices, spot_notes = live_spot(ec2, dict.fromkeys(spot), region, now)
+    od_prices, od_notes = live_on_demand(pricing, dict.fromkeys(on_demand), region, now.date())
+    prices.spot_live.update(spot_prices)
+    prices.on_demand_live.update(od_prices)
+    return placements, [*notes, *spot_notes, *od_notes]
+
+
+def make_plan(
+    spec: ClusterSpec,
+    compare: Sequence[str] | None,
+    *,
+    region: str,
+    results_dir: Path = RESULTS_DIR,
+    samples: int | None = None,
+    ec2: Any = None,
+    pricing: Any = None,
+    now: datetime.datetime | None = None,
+    facts: Facts | None = None,
+    notes: Sequence[str] = (),
+) -> Plan:
+    """The ranked plan; live prices and scores when ``ec2`` and ``pricing`` clients are given."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    facts = facts or Facts()
+    workload = workload_from_spec(spec, samples)
+    found = candidates(spec, compare)
+    policy = dataprep_policy(spec, facts)
+    measured = load_measured(results_dir)
+    prices = PriceBook(spec.job.prices, facts.catalog, region=region)
+    all_notes = list(notes)
+    placements = None
+    live = ec2 is not None and pricing is not None
+    if live:
+        placements, live_notes = gather_live(
+            ec2, pricing, found, policy, prices, facts, region, now
+        )
+        all_notes += live_notes
+    rows, excluded = rank(
+        found,
+        workload,
+        facts,
+        measured,
+        prices,
+        policy,
+        placements,
+        trainer_efa_required=spec.trainer_group.efa is Efa.ON,
+    )
+    return Plan(
+        rows=rows,
+        excluded=excluded,
+        workload=workload,
+        region=region,
+        live=live,
+        price_sources=prices.sources(),
+        created=now,
+        measured=measured,
+        prices=prices,
+        dataprep_policy=policy,
+        facts=facts,
+        notes=all_notes,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except PlanError as e:
+        print(f"hetero plan: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from training.planner import report, specfile
+
+    if args.samples is not None and args.samples < 1:
+        raise PlanError(f"--samples must be at least 1, got {args.samples}")
+    spec = load_spec(args.spec)
+    ec2 = pricing = None
+    notes: list[str] = []
+    region = args.region
+    if args.offline:
+        region = region or DEFAULT_REGION
+    else:
+        import boto3
+
+        session = boto3.Session(region_name=region)
+        region = region or session.region_name or DEFAULT_REGION
+        if session.get_credentials() is None:
+            notes.append(
+                "no AWS credentials found: offline prices and no placement scores (configure "
+                "credentials for live ones, or pass --offline)"
+            )
+        else:
+            ec2 = session.client("ec2", region_name=region)
+            pricing = pricing_client(session)
+    check_region(region, known_regions())
+    plan = make_plan(
+        spec,
+        args.compare,
+        region=region,
+        results_dir=Path(args.results),
+        samples=args.samples,
+        ec2=ec2,
+        pricing=pricing,
+        notes=notes,
+    )
+    report.print_table(plan)
+    paths = report.write_outputs(plan, Path(args.out))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    if args.write_spec:
+        specfile.write_spec(Path(args.spec), Path(args.write_spec), spec, plan)
+        print(f"wrote {args.write_spec} (check it: hetero spec check --spec {args.write_spec})")
+    return 0

@@ -1,0 +1,141 @@
+"""The data plane a configuration needs: dataprep vCPUs, which CPU type feeds them cheapest,
+and whether the trainer hosts have the CPUs to receive the stream.
+
+- Augmentation rate per vCPU for the spec's recipe, at the job's image size: measured
+  (benchmarks/results) or prior, scaled by output pixels from the size it was measured at
+  (*estimate*: decode and augmentation cost taken as proportional to pixels).
+- ``dataprep vCPUs per GPU = trainer samples/s per GPU / images/s per vCPU``.
+- For each CPU type: ``count = max(ceil(vCPUs needed / (vCPUs - reserved)),
+  ceil(stream bytes/s / baseline bandwidth))``; the cheapest group wins (fewer instances on a
+  tie). None within ``MAX_DATAPREP_INSTANCES`` -> excluded, "too few CPUs".
+- Trainer host: ``ranks x TRAINER_VCPUS_PER_RANK + samples/s per instance / receive rate`` must
+  fit in its vCPUs, else "too few CPUs" on the trainer host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from training.planner.facts import Facts
+from training.planner.prices import Price
+from training.planner.results import Measured
+from training.planner.workload import Workload
+from training.spec import Market
+
+
+@dataclass(frozen=True)
+class DataDemand:
+    images_per_s: float
+    """What the whole trainer group consumes."""
+    images_per_vcpu: float
+    """Augmentation rate of one dataprep vCPU at the job's image size."""
+    rate_source: str
+    bytes_per_s: float
+
+    @property
+    def vcpus_needed(self) -> float:
+        return self.images_per_s / self.images_per_vcpu
+
+
+@dataclass(frozen=True)
+class DataprepGroup:
+    instance_type: str
+    count: int
+    market: Market
+    price: Price
+    """Per instance."""
+    fixed: bool = False
+    """True when the configuration named the group (``+ M x TYPE``), False when planned."""
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.count * self.price.usd_per_hour
+
+
+def scaled_rate(rate: float, measured_px: int, image_size: int) -> float:
+    """A per-pixel cost measured at ``measured_px`` applied at ``image_size``."""
+    return rate * (measured_px / image_size) ** 2
+
+
+def data_demand(images_per_s: float, workload: Workload, measured: Measured) -> DataDemand:
+    rate, px, source = measured.augment_images_per_vcpu[workload.recipe]
+    return DataDemand(
+        images_per_s=images_per_s,
+        images_per_vcpu=scaled_rate(rate, px, workload.image_size),
+        rate_source=f"{workload.recipe}: {source}, {rate:.0f} images/s per vCPU at {px} px",
+        bytes_per_s=images_per_s * workload.bytes_per_sample,
+    )
+
+
+def trainer_host_shortfall(
+    instance_type: str,
+    images_per_s_per_instance: float,
+    workload: Workload,
+    facts: Facts,
+    measured: Measured,
+) -> str | None:
+    """Why one trainer instance lacks the vCPUs to train and receive, or None if it has them."""
+    entry = facts.instance(instance_type)
+    rate, px, _ = measured.receive_images_per_vcpu
+    receive = images_per_s_per_instance / scaled_rate(rate, px, workload.image_size)
+    need = max(1, entry.gpus) * facts.trainer_vcpus_per_rank + receive
+    if need <= entry.vcpus:
+        return None
+    return (
+        f"too few CPUs on the trainer host: {instance_type} has {entry.vcpus} vCPUs, needs "
+        f"{need:.1f} ({max(1, entry.gpus)} rank(s) + {receive:.1f} to receive the stream)"
+    )
+
+
+def plan_dataprep(
+    demand: DataDemand,
+    types: Sequence[str],
+    market: Market,
+    price_of: Callable[[str, Market], Price],
+    facts: Facts,
+) -> DataprepGroup | str:
+    """The cheapest dataprep group that feeds ``demand``, or the reason none can."""
+    best: DataprepGroup | None = None
+    for t in types:
+        entry = facts.instance(t)
+        usable = entry.vcpus - facts.dataprep_reserved_vcpus
+        link = facts.bandwidth_gbps(t) * 1e9 / 8
+        if usable <= 0:
+            continue
+        count = max(
+            1, math.ceil(demand.vcpus_needed / usable), math.ceil(demand.bytes_per_s / link)
+        )
+        if count > facts.max_dataprep_instances:
+            continue
+        group = DataprepGroup(t, count, market, price_of(t, market))
+        if best is None or (group.usd_per_hour, group.count) < (best.usd_per_hour, best.count):
+            best = group
+    if best is None:
+        return (
+            f"too few CPUs: the data plane needs {demand.vcpus_needed:.0f} vCPUs "
+            f"({demand.images_per_s:.0f} images/s), more than "
+            f"{facts.max_dataprep_instances} instances of any of {', '.join(types)} provide"
+        )
+    return best
+
+
+def check_fixed_dataprep(
+    demand: DataDemand, group: DataprepGroup, facts: Facts
+) -> DataprepGroup | str:
+    """A dataprep group named by the configuration, or why it cannot feed the GPUs."""
+    entry = facts.instance(group.instance_type)
+    usable = group.count * (entry.vcpus - facts.dataprep_reserved_vcpus)
+    link = group.count * facts.bandwidth_gbps(group.instance_type) * 1e9 / 8
+    if usable < demand.vcpus_needed:
+        return (
+            f"too few CPUs: {group.count} x {group.instance_type} has {usable} usable vCPUs, the "
+            f"GPUs need {demand.vcpus_needed:.1f} ({demand.images_per_s:.0f} images/s)"
+        )
+    if link < demand.bytes_per_s:
+        return (
+            f"too little network: {group.count} x {group.instance_type} sends "
+            f"{link * 8 / 1e9:.1f} Gbps, the GPUs need {demand.bytes_per_s * 8 / 1e9:.1f} Gbps"
+        )
+    return group

@@ -1,0 +1,226 @@
+"""Measured figures the planner prefers to its priors, read from ``benchmarks/results/``.
+
+Two kinds of file are read:
+
+- ``throughput.json`` (the results store, written by ``hetero bench``): trainer samples/s per
+  device, keyed by instance type or by GPU/CPU model, for one model, image size and precision,
+  with the date and the versions it was measured with. Format::
+
+      {"format": "hetero-throughput-v1",
+       "results": [{"instance_type": "g5.xlarge",     # or null: then "device" is the key
+                    "device": "A10G",                 # GPU model (or CPU model for CPU runs)
+                    "model": "vit_base_patch16_224", "image_size": 224, "precision": "bf16",
+                    "samples_per_s_per_device": 281.5,
+                    "date": "2026-11-20",
+                    "versions": {"torch": "2.15.0", "timm": "1.0.20", "cuda": "13.2"},
+                    "source": "python -m benchmarks trainer_gpu"}]}
+
+- the benchmark outputs that already exist: ``dataplane.json`` (augmentation and receive CPU per
+  image), ``offload.json`` (RandAugment CPU per batch) and ``checkpoint.json`` (save times).
+
+A missing file means "not measured" (the priors apply); a malformed one is an error that names
+the file and the field, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.planner import priors
+from training.planner.errors import PlanError
+
+log = logging.getLogger(__name__)
+
+RESULTS_DIR = Path("benchmarks/results")
+THROUGHPUT_FILE = "throughput.json"
+THROUGHPUT_FORMAT = "hetero-throughput-v1"
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    """One measured trainer throughput."""
+
+    instance_type: str | None
+    device: str | None
+    model: str
+    image_size: int
+    precision: str
+    samples_per_s_per_device: float
+    date: str
+    versions: dict[str, str]
+    source: str
+
+    def describe(self) -> str:
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))
+        key = self.instance_type or self.device
+        return f"measured on {key} {self.date} ({versions})" if versions else f"measured {key}"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Everything the planner takes from measurements (or their priors), with provenance."""
+
+    throughput: tuple[ThroughputResult, ...]
+    augment_images_per_vcpu: dict[str, tuple[float, int, str]]
+    """recipe -> (images/s per vCPU, at this image side in px, where the figure comes from)."""
+    receive_images_per_vcpu: tuple[float, int, str]
+    checkpoint_s3_s: tuple[float, str]
+    checkpoint_async_stall_s: tuple[float, str]
+
+    def trainer_result(
+        self, instance_type: str, device: str | None, model: str, image_size: int, precision: str
+    ) -> ThroughputResult | None:
+        """The newest result for this instance type, else for its GPU model; None if none."""
+        matching = [
+            r
+            for r in self.throughput
+            if r.model == model and r.image_size == image_size and r.precision == precision
+        ]
+        for key_matches in (
+            lambda r: r.instance_type == instance_type,
+            lambda r: r.instance_type is None and device is not None and r.device == device,
+        ):
+            found = sorted((r for r in matching if key_matches(r)), key=lambda r: r.date)
+            if found:
+                return found[-1]
+        return None
+
+
+def load_measured(results_dir: Path = RESULTS_DIR) -> Measured:
+    """Read every measured figure under ``results_dir``; priors fill what is not there."""
+    return Measured(
+        throughput=tuple(read_throughput(results_dir / THROUGHPUT_FILE)),
+        augment_images_per_vcpu=_augmentation(results_dir),
+        receive_images_per_vcpu=_receive(results_dir),
+        checkpoint_s3_s=_checkpoint(results_dir, "s3"),
+        checkpoint_async_stall_s=_checkpoint(results_dir, "async"),
+    )
+
+
+def read_throughput(path: Path) -> list[ThroughputResult]:
+    """The results store's entries; [] when the file does not exist."""
+    data = _read_json(path)
+    if data is None:
+        return []
+    if not isinstance(data, dict) or data.get("format") != THROUGHPUT_FORMAT:
+        raise PlanError(f'{path}: expected an object with "format": "{THROUGHPUT_FORMAT}"')
+    entries = data.get("results")
+    if not isinstance(entries, list):
+        raise PlanError(f'{path}: "results" must be a list of measured results')
+    out = []
+    for i, e in enumerate(entries):
+        where = f"{path}: results[{i}]"
+        if not isinstance(e, dict):
+            raise PlanError(f"{where}: expected an object")
+        if not (e.get("instance_type") or e.get("device")):
+            raise PlanError(f'{where}: give "instance_type" or "device" (the GPU model)')
+        rate = e.get("samples_per_s_per_device")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
+            raise PlanError(f"{where}.samples_per_s_per_device: expected a positive number")
+        for key in ("model", "date", "precision"):
+            if not isinstance(e.get(key), str) or not e[key]:
+                raise PlanError(f"{where}.{key}: expected a non-empty string")
+        size = e.get("image_size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 16:
+            raise PlanError(f"{where}.image_size: expected an integer side in px (>= 16)")
+        versions = e.get("versions", {})
+        if not isinstance(versions, dict):
+            raise PlanError(f"{where}.versions: expected an object of name -> version")
+        out.append(
+            ThroughputResult(
+                instance_type=e.get("instance_type") or None,
+                device=e.get("device") or None,
+                model=e["model"],
+                image_size=size,
+                precision=e["precision"],
+                samples_per_s_per_device=float(rate),
+                date=e["date"],
+                versions={str(k): str(v) for k, v in versions.items()},
+                source=str(e.get("source", "")),
+            )
+        )
+    return out
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PlanError(f"{path}: not readable JSON ({e}); fix or remove the file") from e
+
+
+def _number(data: Any, *keys: str | int) -> float | None:
+    """``data[k0][k1]...`` as a float, or None if any step is missing or not a number."""
+    for k in keys:
+        in_dict = isinstance(data, dict) and isinstance(k, str) and k in data
+        in_list = isinstance(data, list) and isinstance(k, int) and -len(data) <= k < len(data)
+        if not (in_dict or in_list):
+            return None
+        data = data[k]
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        return None
+    return float(data)
+
+
+def _augmentation(results_dir: Path) -> dict[str, tuple[float, int, str]]:
+    out = {
+        recipe: (rate, 224, "prior (training/planner/priors.py)")
+        for recipe, rate in priors.AUGMENT_IMAGES_PER_VCPU_PRIOR.items()
+    }
+    dataplane = _read_json(results_dir / "dataplane.json")
+    cpu_s = _number(dataplane, "local_augmentation", "cpu_s_per_1000_images")
+    size = _number(dataplane, "settings", "image_size")
+    if cpu_s and size:
+        out["standard"] = (
+            1000.0 / cpu_s,
+            int(size),
+            "measured (benchmarks/results/dataplane.json)",
+        )
+    offload = _read_json(results_dir / "offload.json")
+    batch_s = _number(offload, "regime", "augment_batch_cpu_s")
+    batch = _number(offload, "settings", "batch_size")
+    size = _number(offload, "settings", "image_size")
+    recipe = offload.get("settings", {}).get("recipe") if isinstance(offload, dict) else None
+    if batch_s and batch and size and recipe == "randaugment":
+        out["randaugment"] = (
+            batch / batch_s,
+            int(size),
+            "measured (benchmarks/results/offload.json)",
+        )
+    return out
+
+
+def _receive(results_dir: Path) -> tuple[float, int, str]:
+    dataplane = _read_json(results_dir / "dataplane.json")
+    cpu_s = _number(dataplane, "transport", "client_cpu_s_per_1000_images")
+    size = _number(dataplane, "settings", "image_size")
+    if cpu_s and size:
+        return 1000.0 / cpu_s, int(size), "measured (benchmarks/results/dataplane.json)"
+    return priors.RECEIVE_IMAGES_PER_VCPU_PRIOR, 224, "prior (training/planner/priors.py)"
+
+
+def _checkpoint(results_dir: Path, which: str) -> tuple[float, str]:
+    """Seconds for ViT-B/16 + AdamW: ``s3`` stop-to-durable, or the ``async`` save's stall."""
+    data = _read_json(results_dir / "checkpoint.json")
+    measured = "measured (benchmarks/results/checkpoint.json)"
+    if isinstance(data, dict):
+        if which == "s3":
+            for row in data.get("stop_to_durable", []):
+                if isinstance(row, dict) and str(row.get("target", "")).startswith("s3"):
+                    seconds = _number(row, "seconds")
+                    if seconds:
+                        return seconds, measured
+        else:
+            for row in data.get("stall_per_save", []):
+                if isinstance(row, dict) and row.get("mode") == "async":
+                    seconds = _number(row, "stall_s_median")
+                    if seconds:
+                        return seconds, measured
+    prior = priors.CHECKPOINT_S3_S_PRIOR if which == "s3" else priors.CHECKPOINT_ASYNC_STALL_S_PRIOR
+    return prior, "prior (training/planner/priors.py)"

@@ -1,0 +1,168 @@
+"""What the spec asks the cluster to do, in the units the planner's formulas use.
+
+The model's size comes from its timm architecture (``priors.VIT_ARCHS`` plus the spec's
+overrides), counted analytically: parameters exactly as timm builds them, training FLOPs as
+3 x (2 x multiply-accumulates of the forward pass), except the patch embedding, which needs no
+input gradient (2 x 2). For vit_base_patch16_224 at 224 px that gives 86,567,656 parameters
+(timm's count) and 105.15 GFLOP, as torch's FlopCounterMode counts on the real model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from training.planner import priors
+from training.planner.errors import PlanError
+from training.spec import ClusterSpec, DatasetSource, GradCompression, Parallelism, Precision
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    params: int
+    train_flops_per_sample: float
+    """Forward + backward FLOPs for one image at the job's image size."""
+    tokens: int
+
+
+def vit_size(arch: priors.VitArch, image_size: int, num_classes: int) -> ModelSize:
+    """Parameters and training FLOPs of a timm VisionTransformer (class token, learned position
+    embedding, pre-norm blocks, linear head) at ``image_size``."""
+    if image_size % arch.patch_size:
+        raise PlanError(
+            f"image size {image_size} is not a multiple of the patch size {arch.patch_size}; "
+            "set job.dataset.image_size to a multiple of it"
+        )
+    d, hidden = arch.embed_dim, int(arch.embed_dim * arch.mlp_ratio)
+    patches = (image_size // arch.patch_size) ** 2
+    tokens = patches + 1
+    patch_embed = 3 * arch.patch_size**2 * d + d
+    per_block = (
+        2 * d  # norm1
+        + d * 3 * d
+        + 3 * d  # qkv
+        + d * d
+        + d  # proj
+        + 2 * d  # norm2
+        + d * hidden
+        + hidden  # fc1
+        + hidden * d
+        + d  # fc2
+    )
+    params = patch_embed + d + tokens * d + arch.depth * per_block + 2 * d + d * num_classes
+    params += num_classes
+    macs_block = tokens * (3 * d * d + d * d + 2 * d * hidden) + 2 * tokens * tokens * d
+    macs = arch.depth * macs_block + d * num_classes
+    # The patch embedding gets no input gradient (the image needs none): forward + weight
+    # gradient, 2 x 2 FLOPs per multiply-accumulate instead of 3 x 2.
+    patch_macs = patches * 3 * arch.patch_size**2 * d
+    flops = 6.0 * macs + 4.0 * patch_macs
+    return ModelSize(params=params, train_flops_per_sample=flops, tokens=tokens)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The job, as the planner sees it."""
+
+    model: str
+    params: int
+    train_flops_per_sample: float
+    image_size: int
+    batch_per_rank: int
+    grad_accum_steps: int
+    precision: Precision
+    strategy: Parallelism
+    grad_compression: bool
+    recipe: str
+    samples_to_train: int | None
+    samples_note: str
+    """How ``samples_to_train`` was derived (or why it is unknown)."""
+    async_checkpoint: bool
+    spec_interval_steps: int
+    streams_per_server: int = 1
+    """gRPC streams (TCP flows) from each trainer rank to each data server."""
+
+    @property
+    def samples_per_rank_step(self) -> int:
+        """Images one rank processes per optimizer step (micro-batches x accumulation)."""
+        return self.batch_per_rank * self.grad_accum_steps
+
+    @property
+    def bytes_per_sample(self) -> int:
+        """uint8 pixels on the wire (the data plane sends H x W x 3 bytes per image)."""
+        return self.image_size * self.image_size * 3
+
+    @property
+    def grad_bytes_per_param(self) -> int:
+        """Bytes per gradient element on the wire: gradients take the parameters' dtype (fp32,
+        also under bf16 autocast) unless DDP compresses them to bf16."""
+        return 2 if self.grad_compression else 4
+
+    @property
+    def param_bytes_per_param(self) -> int:
+        """FSDP/HSDP all-gather parameters in bf16 under the trainer's mixed-precision policy."""
+        return 2 if self.precision is Precision.BF16 else 4
+
+
+def workload_from_spec(spec: ClusterSpec, samples_override: int | None = None) -> Workload:
+    """The spec's job in the planner's units; raises PlanError for a model it cannot size."""
+    job = spec.job
+    arch = priors.VIT_ARCHS.get(job.model.name)
+    if arch is None:
+        known = ", ".join(sorted(priors.VIT_ARCHS))
+        raise PlanError(
+            f"job.model.name = {job.model.name!r}: the planner cannot size this model (it knows "
+            f"{known}); use one of them, or add its architecture to "
+            "training/planner/priors.py VIT_ARCHS"
+        )
+    overrides = dict(job.model.overrides)
+    unknown = sorted(set(overrides) - priors.ARCH_OVERRIDES - priors.NEUTRAL_OVERRIDES)
+    if unknown:
+        raise PlanError(
+            f"job.model.overrides has {', '.join(unknown)}, which the planner cannot size; it "
+            f"applies {', '.join(sorted(priors.ARCH_OVERRIDES))} and ignores "
+            f"{', '.join(sorted(priors.NEUTRAL_OVERRIDES))}: remove the others to plan"
+        )
+    try:
+        arch = replace(arch, **{k: overrides[k] for k in priors.ARCH_OVERRIDES & set(overrides)})
+        size = vit_size(arch, job.dataset.image_size, job.dataset.num_classes)
+    except TypeError as e:  # an override of the wrong type, e.g. depth = "12"
+        raise PlanError(f"job.model.overrides: {e}; give numbers") from e
+
+    world = spec.world_size
+    per_step = job.batch_size * job.grad_accum_steps * world
+    if samples_override is not None:
+        samples: int | None = samples_override
+        note = "--samples"
+    elif job.total_steps is not None:
+        samples = job.total_steps * per_step
+        note = (
+            f"{job.total_steps} steps x {job.batch_size} per rank x {job.grad_accum_steps} "
+            f"accumulation x {world} ranks of the spec"
+        )
+    elif job.dataset.source is DatasetSource.SYNTHETIC:
+        assert job.epochs is not None
+        samples = job.epochs * job.dataset.num_samples
+        note = f"{job.epochs} epochs x {job.dataset.num_samples} samples"
+    else:
+        samples = None
+        note = (
+            f"unknown: {job.epochs} epochs of a {job.dataset.source.value} dataset of unknown "
+            "size; pass --samples N for time and cost to train"
+        )
+    return Workload(
+        model=job.model.name,
+        params=size.params,
+        train_flops_per_sample=size.train_flops_per_sample,
+        image_size=job.dataset.image_size,
+        batch_per_rank=job.batch_size,
+        grad_accum_steps=job.grad_accum_steps,
+        precision=job.precision,
+        strategy=job.parallelism.strategy,
+        grad_compression=job.parallelism.grad_compression is GradCompression.BF16,
+        recipe=job.augmentation.value,
+        samples_to_train=samples,
+        samples_note=note,
+        async_checkpoint=job.checkpoint.async_save,
+        spec_interval_steps=job.checkpoint.interval_steps,
+        streams_per_server=job.dataplane.streams_per_server,
+    )
