@@ -17,7 +17,6 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from training import aws_tags
-from training.sagemaker_submit import JOB_PREFIX, SPEC_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -283,14 +282,18 @@ class SageMakerExecutionRole(Construct):
             iam.PolicyStatement(
                 sid="SageMakerJobOutput",
                 actions=["s3:PutObject"],
-                resources=[bucket.arn_for_objects(f"{JOB_PREFIX}/*")],
+                resources=[bucket.arn_for_objects(f"{aws_tags.SAGEMAKER_JOB_PREFIX}/*")],
             )
         )
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="SageMakerJobSpec",
                 actions=["s3:GetObject"],
-                resources=[bucket.arn_for_objects(f"{JOB_PREFIX}/*/{SPEC_CHANNEL}/*")],
+                resources=[
+                    bucket.arn_for_objects(
+                        f"{aws_tags.SAGEMAKER_JOB_PREFIX}/*/{aws_tags.SAGEMAKER_SPEC_CHANNEL}/*"
+                    )
+                ],
             )
         )
         self.role.add_to_policy(
@@ -298,7 +301,14 @@ class SageMakerExecutionRole(Construct):
                 sid="SageMakerJobListing",
                 actions=["s3:ListBucket"],
                 resources=[bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [JOB_PREFIX, f"{JOB_PREFIX}/*"]}},
+                conditions={
+                    "StringLike": {
+                        "s3:prefix": [
+                            aws_tags.SAGEMAKER_JOB_PREFIX,
+                            f"{aws_tags.SAGEMAKER_JOB_PREFIX}/*",
+                        ]
+                    }
+                },
             )
         )
         if dataset_uri is not None:

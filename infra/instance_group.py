@@ -25,7 +25,7 @@ from constructs import Construct
 
 from infra.efa import EfaLayout, efa_layouts
 from training import aws_tags
-from training.preflight import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
+from training.aws_tags import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training.spec import ClusterSpec, InstanceGroup, Market, Role
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 # Neither image is logged in to ECR with the CLI: the user data installs the Amazon ECR credential
 # helper from the AL2023 repositories (dnf; github.com/awslabs/amazon-ecr-credential-helper, section
 # "Amazon Linux 2023") and Docker fetches registry credentials through it with the instance role.
-# The parameter names live with `hetero preflight`, which checks that they resolve.
+# The parameter names live in training/aws_tags.py; `hetero preflight` checks they resolve.
 ROOT_DEVICE = "/dev/xvda"
 LAUNCHER_RESTARTS = 5
 """Docker restarts of a launcher that exits non-zero (``docker run --restart on-failure:N``)."""

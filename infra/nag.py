@@ -12,7 +12,7 @@ from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
 from infra.cluster import dataset_location
-from training.sagemaker_submit import JOB_PREFIX, SPEC_CHANNEL
+from training import aws_tags
 
 if TYPE_CHECKING:
     from infra.stacks import ClusterStack, NetworkStack
@@ -150,8 +150,8 @@ def acknowledge_findings(
         )
     )
     for resource in (
-        f"{bucket_arn}/{JOB_PREFIX}/*",
-        f"{bucket_arn}/{JOB_PREFIX}/*/{SPEC_CHANNEL}/*",
+        f"{bucket_arn}/{aws_tags.SAGEMAKER_JOB_PREFIX}/*",
+        f"{bucket_arn}/{aws_tags.SAGEMAKER_JOB_PREFIX}/*/{aws_tags.SAGEMAKER_SPEC_CHANNEL}/*",
     ):
         acks.append(
             _ack(

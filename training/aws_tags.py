@@ -42,7 +42,24 @@ DEPLOYED_SPEC_PATH: Final = "/opt/hetero/deployed/cluster.toml"
 CHECKPOINT_PREFIX: Final = "checkpoints"
 """Key prefix under the checkpoint bucket; the instance role may write only below it."""
 METRICS_NAMESPACE: Final = "hetero"
-"""CloudWatch metrics namespace; the instance role may put metrics only into it."""
+"""CloudWatch metrics namespace of the trainer's embedded-metric-format lines."""
+SAGEMAKER_JOB_PREFIX: Final = "sagemaker"
+"""Key prefix (in the checkpoint bucket) of every SageMaker job's spec and output; the execution
+role may write only there (and under ``checkpoints/``)."""
+SAGEMAKER_SPEC_CHANNEL: Final = "spec"
+"""Input channel that carries the spec; SageMaker puts File-mode channels at
+``/opt/ml/input/data/<channel>/``."""
+
+# Public SSM parameters that name the AMIs, resolved by CloudFormation at deploy time (the
+# stacks) and checked by `hetero preflight`: the DLAMI for GPU hosts, the ECS-optimised AL2023
+# AMI for dataprep hosts.
+TRAINER_AMI_PARAMETER: Final = (
+    "/aws/service/deeplearning/ami/x86_64/"
+    "base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+)
+DATAPREP_AMI_PARAMETER: Final = (
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
+)
 
 
 def asg_name(cluster: str, group: str) -> str:

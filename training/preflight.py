@@ -28,18 +28,11 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 from botocore.parsers import ResponseParserError
 
+from training.aws_tags import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training.spec import ClusterSpec, InstanceGroup, Market, Role, load_spec
 
 log = logging.getLogger(__name__)
 
-# Public SSM parameters that name the AMIs (resolved by CloudFormation at deploy time). Defined
-# here, not imported from infra/, because infra imports aws_cdk (slow, optional at run time);
-# infra/instance_group.py should import these two names from this module.
-TRAINER_AMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/"
-    "base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
-)
-DATAPREP_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
 
 CDK_BOOTSTRAP_STACK = "CDKToolkit"
 # The default bootstrap qualifier (cdk.json sets no "@aws-cdk/core:bootstrapQualifier"). Every

@@ -37,19 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from training import instance_types
-from training.aws_tags import ENV_CHECKPOINT_URI, ENV_SPEC
+from training.aws_tags import (
+    ENV_CHECKPOINT_URI,
+    ENV_SPEC,
+    SAGEMAKER_JOB_PREFIX,
+    SAGEMAKER_SPEC_CHANNEL,
+)
 from training.launcher.launch import SAGEMAKER_CHECKPOINT_DIR
 from training.spec import ClusterSpec, DatasetSource, Market, load_spec
 
 log = logging.getLogger(__name__)
 
-SPEC_CHANNEL = "spec"
-"""Input channel that carries the spec; SageMaker puts File-mode channels at
-``/opt/ml/input/data/<channel>/``."""
 CONTAINER_INPUT_DIR = "/opt/ml/input/data"
-JOB_PREFIX = "sagemaker"
-"""Key prefix (in the checkpoint bucket) of every job's spec and output; the execution role may
-write only there (and under ``checkpoints/``)."""
 DEFAULT_MAX_RUN_S = 86_400
 """SageMaker's own default for ``MaxRuntimeInSeconds`` (1 day)."""
 MAX_RUN_LIMIT_S = 28 * 86_400
@@ -355,8 +354,8 @@ def build_plan(
         )
 
     bucket = outputs["CheckpointBucketName"]
-    job_uri = f"s3://{bucket}/{JOB_PREFIX}/{job_name}"
-    checkpoint_uri = f"{outputs['CheckpointUri'].rstrip('/')}/{JOB_PREFIX}/{job_name}/"
+    job_uri = f"s3://{bucket}/{SAGEMAKER_JOB_PREFIX}/{job_name}"
+    checkpoint_uri = f"{outputs['CheckpointUri'].rstrip('/')}/{SAGEMAKER_JOB_PREFIX}/{job_name}/"
     stopping: dict[str, int] = {"MaxRuntimeInSeconds": max_run_s}
     if managed_spot:
         stopping["MaxWaitTimeInSeconds"] = wait
@@ -372,11 +371,11 @@ def build_plan(
         "ResourceConfig": {"InstanceGroups": groups, "VolumeSizeInGB": volume_size_gb},
         "InputDataConfig": [
             {
-                "ChannelName": SPEC_CHANNEL,
+                "ChannelName": SAGEMAKER_SPEC_CHANNEL,
                 "DataSource": {
                     "S3DataSource": {
                         "S3DataType": "S3Prefix",
-                        "S3Uri": f"{job_uri}/{SPEC_CHANNEL}/",
+                        "S3Uri": f"{job_uri}/{SAGEMAKER_SPEC_CHANNEL}/",
                         "S3DataDistributionType": "FullyReplicated",
                         # Every group's launcher reads the spec.
                         "InstanceGroupNames": [g.name for g in spec.groups],
@@ -394,14 +393,14 @@ def build_plan(
         "EnableManagedSpotTraining": managed_spot,
         "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": SAGEMAKER_CHECKPOINT_DIR},
         "Environment": {
-            ENV_SPEC: f"{CONTAINER_INPUT_DIR}/{SPEC_CHANNEL}/{spec_file_name}",
+            ENV_SPEC: f"{CONTAINER_INPUT_DIR}/{SAGEMAKER_SPEC_CHANNEL}/{spec_file_name}",
             ENV_CHECKPOINT_URI: checkpoint_uri,
         },
     }
     return SubmitPlan(
         request=request,
         spec_bucket=bucket,
-        spec_key=f"{JOB_PREFIX}/{job_name}/{SPEC_CHANNEL}/{spec_file_name}",
+        spec_key=f"{SAGEMAKER_JOB_PREFIX}/{job_name}/{SAGEMAKER_SPEC_CHANNEL}/{spec_file_name}",
         warnings=tuple(warnings),
     )
 
