@@ -35,7 +35,9 @@ def wait_for(path: Path) -> int:
 def test_exit_code_mirrors_the_child() -> None:
     with Supervisor(grace_s=5) as sup:
         sup.start("ok", [sys.executable, "-c", "pass"])
-        sup.start("bad", [sys.executable, "-c", "import sys; sys.exit(3)"])
+        # A failing child stops the others: "bad" fails only after "ok" has surely exited, or
+        # a slow start of "ok" (a loaded machine) gets it SIGTERM (143) instead of its own 0.
+        sup.start("bad", [sys.executable, "-c", "import sys, time; time.sleep(1); sys.exit(3)"])
         assert sup.run_until_done() == [0, 3]
     assert shell_code(-signal.SIGKILL) == 137
 
