@@ -5,15 +5,18 @@ for on a type without it, burstable types in a cluster placement group, unknown 
 infrastructure uses it to add one EFA interface per network card; metrics and the planner use
 its On-Demand prices when the spec gives none.
 
-Prices are us-east-1 Linux On-Demand list prices in USD per hour, as of ``PRICES_AS_OF``.
-They drift: pass explicit prices in the spec (``[job.prices]``) for figures you will act on.
+Prices are us-east-1 Linux On-Demand list prices in USD per hour, as of ``PRICES_AS_OF``: the
+Price List API's figures as aws/karpenter-provider-aws recorded them on that date
+(``pkg/providers/pricing/zz_generated.pricing_aws.go``, "generated at 2026-07-20T13:44:30Z for
+us-east-1"; p4d and p4de after AWS's June 2025 price cut). They drift: pass explicit prices in
+the spec (``[job.prices]``) for figures you will act on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PRICES_AS_OF = "2026-11-01"
+PRICES_AS_OF = "2026-07-20"
 PRICES_REGION = "us-east-1"
 
 
@@ -55,8 +58,8 @@ CATALOG: dict[str, InstanceType] = {
     for t in (
         # GPU: trainer groups.
         _t("p5.48xlarge", 192, 2048, 8, "H100", 32, 55.04),
-        _t("p4de.24xlarge", 96, 1152, 8, "A100-80GB", 4, 40.9657),
-        _t("p4d.24xlarge", 96, 1152, 8, "A100", 4, 32.7726),
+        _t("p4de.24xlarge", 96, 1152, 8, "A100-80GB", 4, 27.44705),
+        _t("p4d.24xlarge", 96, 1152, 8, "A100", 4, 21.957642),
         _t("p3dn.24xlarge", 96, 768, 8, "V100", 1, 31.212),
         _t("p3.2xlarge", 8, 61, 1, "V100", 0, 3.06),
         _t("p3.8xlarge", 32, 244, 4, "V100", 0, 12.24),

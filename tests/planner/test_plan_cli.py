@@ -63,7 +63,7 @@ def test_without_credentials_it_plans_offline_and_writes_three_files(
     )
     assert f"wrote {winner} (check it: hetero spec check --spec {winner})" in out
     assert "note: no AWS credentials found: offline prices and no placement scores" in out
-    assert "prices: offline: On-Demand us-east-1 list prices as of 2026-11-01" in out
+    assert "prices: offline: On-Demand us-east-1 list prices as of 2026-07-20" in out
     assert "placement scores: none (offline: not invented)" in out
     assert sorted(p.name for p in out_dir.iterdir()) == ["plan.csv", "plan.json", "plan.png"]
 
@@ -81,7 +81,7 @@ def test_without_credentials_it_plans_offline_and_writes_three_files(
         }
     ]
     assert plan["excluded"][0]["reason"].startswith("too few CPUs: 1 x c6i.4xlarge has 15 usable")
-    assert any("2026-11-01" in s for s in plan["price_sources"])
+    assert any("2026-07-20" in s for s in plan["price_sources"])
     seed_spot = plan["ranked"][1]
     assert seed_spot["network_bound"] is True and seed_spot["placement_score"] is None
 

@@ -240,10 +240,10 @@ def test_aws_errors_fall_back_to_offline_data_with_a_note(
     assert "(allow ec2:GetSpotPlacementScores to the identity running hetero plan)" in (
         spot.placement.note
     )
-    assert spot.trainer_price.estimate and spot.trainer_price.source.startswith("estimate: 0.4 x")
+    assert spot.trainer_price.estimate and spot.trainer_price.source.startswith("estimate: 0.41 x")
     on_demand = rows["1 x g5.12xlarge on-demand"]
     assert on_demand.trainer_price.usd_per_hour == 5.672  # the catalogue's list price
-    assert on_demand.trainer_price.source == "offline us-east-1 list price 2026-11-01"
+    assert on_demand.trainer_price.source == "offline us-east-1 list price 2026-07-20"
     assert plan.notes == [
         "no Spot price history for g5.xlarge, c6i.4xlarge; estimates used",
         "On-Demand price of g5.12xlarge: AccessDeniedException on GetProducts: denied (allow "

@@ -42,14 +42,14 @@ def test_winner_is_written_and_the_spec_check_accepts_it(
     original = load_spec(source)
     plan = offline_plan(source)
     winner = plan.rows[0]
-    assert winner.label == "1 x g6.xlarge spot"  # L4 Spot: the most samples per dollar here
+    assert winner.label == "1 x g5.xlarge spot"  # A10G Spot: the most samples per dollar here
     dest = tmp_path / "winner.toml"
     written = write_spec(source, dest, original, plan)
 
     assert load_spec(dest) == replace(written, source=str(dest))
     trainer = written.trainer_group
     # The winner first, then the other 1-GPU Spot type ranked with it (scored together on AWS).
-    assert trainer.instance_types == ("g6.xlarge", "g5.xlarge")
+    assert trainer.instance_types == ("g5.xlarge", "g6.xlarge")
     assert (trainer.count, trainer.market, trainer.name) == (1, Market.SPOT, "trainer")
     (dataprep,) = written.dataprep_groups
     assert (dataprep.name, dataprep.instance_types, dataprep.count) == (
@@ -63,7 +63,7 @@ def test_winner_is_written_and_the_spec_check_accepts_it(
     assert written.job.checkpoint.interval_steps == min(winner.interval_steps, 10_000)
     # Prices the plan used, so `hetero spec check` shows the same cluster cost.
     prices = written.job.prices.usd_per_hour
-    assert prices["g6.xlarge"] == round(winner.trainer_price.usd_per_hour, 6)
+    assert prices["g5.xlarge"] == round(winner.trainer_price.usd_per_hour, 6)
     assert prices[winner.dataprep.instance_type] == round(winner.dataprep.price.usd_per_hour, 6)
     assert written.usd_per_hour() == pytest.approx(winner.usd_per_hour, abs=1e-5)
     # Everything else is kept.
@@ -76,7 +76,7 @@ def test_winner_is_written_and_the_spec_check_accepts_it(
     assert written.availability_zone_index == original.availability_zone_index  # no score
     text = dest.read_text()
     assert text.startswith("# Written by `hetero plan` on 2026-11-22 06:00 UTC from ")
-    assert "# prices: offline: On-Demand us-east-1 list prices as of 2026-11-01" in text
+    assert "# prices: offline: On-Demand us-east-1 list prices as of 2026-07-20" in text
 
     assert cli.main(["spec", "check", "--spec", str(dest)]) == 0
     assert f"cluster {winner.usd_per_hour:.2f} USD/h" in capsys.readouterr().out
@@ -185,7 +185,7 @@ def test_the_written_spec_synthesizes(synthesized: tuple[Plan, ClusterSpec, Any]
 
     # The stacks build exactly the groups the plan chose.
     trainer, dataprep = asg("trainer"), asg("dataprep")
-    assert types(trainer) == ["g6.xlarge", "g5.xlarge"]
+    assert types(trainer) == ["g5.xlarge", "g6.xlarge"]
     assert trainer["DesiredCapacity"] == "1"
     assert types(dataprep) == [plan.rows[0].dataprep.instance_type]
     assert dataprep["DesiredCapacity"] == str(written.dataprep_groups[0].count)

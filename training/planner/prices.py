@@ -8,7 +8,7 @@ Order, first match wins:
    which returns the price in effect at that time in each AZ
    (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeSpotPriceHistory.html);
 3. offline: the catalogue's On-Demand list prices (``instance_types.PRICES_AS_OF``, us-east-1)
-   and, for Spot, ``priors.SPOT_PRICE_RATIO`` x On-Demand (an estimate), else the spec's
+   and, for Spot, ``priors.SPOT_PRICE_RATIO`` (per type) x On-Demand (an estimate), else the spec's
    ``spot_price_ratio``.
 
 Every ``Price`` carries its source and date, and every output prints them.
@@ -80,9 +80,8 @@ class PriceBook:
             where += f" (not {self.region}'s)"
         if market is Market.ON_DEMAND:
             return Price(on_demand, f"offline {where}")
-        family = instance_type.split(".", 1)[0]
-        if family in priors.SPOT_PRICE_RATIO:
-            ratio = priors.SPOT_PRICE_RATIO[family]
+        if instance_type in priors.SPOT_PRICE_RATIO:
+            ratio = priors.SPOT_PRICE_RATIO[instance_type]
             source = f"estimate: {ratio:g} x {where} (Spot ratio {priors.SPOT_PRICES_AS_OF})"
         else:
             ratio = self.spec_prices.spot_price_ratio

@@ -256,10 +256,18 @@ launch, boot, image pull). Not measured on AWS."""
 SECONDS_PER_MONTH = 730 * 3600
 """The month of the interruption bands, taken as 730 hours (AWS's billing month)."""
 
-INTERRUPTION_AS_OF = "2026-11-01"
+INTERRUPTION_AS_OF = "2025-06-28"
+SPOT_ADVISOR_SOURCE = (
+    "Spot Instance Advisor feed spot-advisor-data.json, us-east-1 Linux, as stored on "
+    "2025-06-28 in github.com/alexei-led/spotinfo internal/spot/data/spot-advisor-data.json"
+)
+"""Where the offline interruption bands and Spot savings come from. The advisor
+(https://aws.amazon.com/ec2/spot/instance-advisor/) publishes them for the trailing month; its
+JSON feed (https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json) is what the
+advisor page reads, and is not a documented API, so the planner does not call it."""
 # Spot Instance Advisor bands ("frequency of interruption": the share of Spot capacity of a type
-# that AWS reclaimed over the trailing month, https://aws.amazon.com/ec2/spot/instance-advisor/),
-# and the rate the planner takes from each band (its midpoint; ">20%" is taken as 25 %).
+# that AWS reclaimed over the trailing month), and the rate the planner takes from each band
+# (*estimate*: the band's midpoint; ">20%" is taken as 25 %).
 INTERRUPTION_BAND_RATE: dict[str, float] = {
     "<5%": 0.025,
     "5-10%": 0.075,
@@ -267,33 +275,49 @@ INTERRUPTION_BAND_RATE: dict[str, float] = {
     "15-20%": 0.175,
     ">20%": 0.25,
 }
-# *Estimate* per type (us-east-1, typed by hand on INTERRUPTION_AS_OF, not read from the
-# advisor, which changes monthly and by region): replace with the advisor's current band.
+# Per type, us-east-1 Linux, from SPOT_ADVISOR_SOURCE (the feed's "r" band index): a snapshot,
+# older than the prices; the bands change monthly and by region.
 INTERRUPTION_BAND: dict[str, str] = {
     "p5.48xlarge": ">20%",
-    "p4de.24xlarge": "15-20%",
-    "p4d.24xlarge": "15-20%",
-    "p3dn.24xlarge": "15-20%",
-    "p3.2xlarge": "10-15%",
-    "p3.8xlarge": "15-20%",
-    "p3.16xlarge": "15-20%",
+    "p4de.24xlarge": "<5%",
+    "p4d.24xlarge": "10-15%",
+    "p3dn.24xlarge": ">20%",
+    "p3.2xlarge": ">20%",
+    "p3.8xlarge": ">20%",
+    "p3.16xlarge": ">20%",
     "g6e.xlarge": "5-10%",
-    "g6e.12xlarge": "10-15%",
-    "g6.xlarge": "5-10%",
-    "g6.2xlarge": "5-10%",
-    "g6.4xlarge": "5-10%",
-    "g6.8xlarge": "5-10%",
-    "g6.12xlarge": "10-15%",
-    "g6.48xlarge": "15-20%",
-    "g5.xlarge": "5-10%",
-    "g5.2xlarge": "5-10%",
-    "g5.4xlarge": "5-10%",
-    "g5.8xlarge": "5-10%",
-    "g5.12xlarge": "10-15%",
-    "g5.24xlarge": "10-15%",
-    "g5.48xlarge": "15-20%",
-    "g4dn.xlarge": "<5%",
-    "g4dn.12xlarge": "5-10%",
+    "g6e.12xlarge": ">20%",
+    "g6.xlarge": ">20%",
+    "g6.2xlarge": ">20%",
+    "g6.4xlarge": ">20%",
+    "g6.8xlarge": ">20%",
+    "g6.12xlarge": ">20%",
+    "g6.48xlarge": ">20%",
+    "g5.xlarge": ">20%",
+    "g5.2xlarge": "15-20%",
+    "g5.4xlarge": "10-15%",
+    "g5.8xlarge": ">20%",
+    "g5.12xlarge": ">20%",
+    "g5.24xlarge": ">20%",
+    "g5.48xlarge": ">20%",
+    "g4dn.xlarge": "15-20%",
+    "g4dn.12xlarge": "10-15%",
+    "c5.9xlarge": "<5%",
+    "c5.18xlarge": "10-15%",
+    "c5n.18xlarge": "<5%",
+    "c6i.4xlarge": "15-20%",
+    "c6i.8xlarge": "5-10%",
+    "c6i.16xlarge": "5-10%",
+    "c6i.32xlarge": "10-15%",
+    "c7i.4xlarge": "15-20%",
+    "c7i.8xlarge": "10-15%",
+    "c7i.16xlarge": "5-10%",
+    "c7i.48xlarge": ">20%",
+    "m6i.4xlarge": ">20%",
+    "m7i.4xlarge": "5-10%",
+    "t3.medium": "<5%",
+    "t3.large": "5-10%",
+    "t3.xlarge": "10-15%",
 }
 DEFAULT_INTERRUPTION_BAND = ">20%"
 """Band assumed for a Spot type missing from INTERRUPTION_BAND (the pessimistic end)."""
@@ -301,24 +325,52 @@ DEFAULT_INTERRUPTION_BAND = ">20%"
 # --------------------------------------------------------------------------------------------
 # Prices.
 
-SPOT_PRICES_AS_OF = "2026-11-01"
-# *Estimate*: Spot price as a share of the On-Demand price, per family, us-east-1, typed by hand
-# on SPOT_PRICES_AS_OF (not observed prices; live mode reads DescribeSpotPriceHistory instead).
-# A family missing here uses the spec's ``job.prices.spot_price_ratio``.
+SPOT_PRICES_AS_OF = INTERRUPTION_AS_OF
+# *Estimate*: Spot price as a share of the On-Demand price per type, us-east-1 Linux: 1 - the
+# advisor's "savings over On-Demand" ("s") from SPOT_ADVISOR_SOURCE, applied to the offline
+# On-Demand price (live mode reads DescribeSpotPriceHistory instead). The feed does not say
+# which On-Demand prices it compared with; for p4d, p4de and p5, whose list prices AWS cut in
+# June 2025, the share may be of the old price. A type missing here uses the spec's
+# ``job.prices.spot_price_ratio``.
 SPOT_PRICE_RATIO: dict[str, float] = {
-    "g4dn": 0.40,
-    "g5": 0.40,
-    "g6": 0.45,
-    "g6e": 0.50,
-    "p3": 0.35,
-    "p3dn": 0.35,
-    "p4d": 0.45,
-    "p4de": 0.45,
-    "p5": 0.55,
-    "c5": 0.40,
-    "c5n": 0.40,
-    "c6i": 0.40,
-    "c7i": 0.45,
-    "m6i": 0.40,
-    "m7i": 0.45,
+    "p5.48xlarge": 0.48,
+    "p4de.24xlarge": 0.35,
+    "p4d.24xlarge": 0.33,
+    "p3dn.24xlarge": 0.13,
+    "p3.2xlarge": 0.2,
+    "p3.8xlarge": 0.14,
+    "p3.16xlarge": 0.17,
+    "g6e.xlarge": 0.42,
+    "g6e.12xlarge": 0.44,
+    "g6.xlarge": 0.51,
+    "g6.2xlarge": 0.42,
+    "g6.4xlarge": 0.43,
+    "g6.8xlarge": 0.44,
+    "g6.12xlarge": 0.41,
+    "g6.48xlarge": 0.31,
+    "g5.xlarge": 0.41,
+    "g5.2xlarge": 0.42,
+    "g5.4xlarge": 0.4,
+    "g5.8xlarge": 0.41,
+    "g5.12xlarge": 0.42,
+    "g5.24xlarge": 0.43,
+    "g5.48xlarge": 0.29,
+    "g4dn.xlarge": 0.36,
+    "g4dn.12xlarge": 0.36,
+    "c5.9xlarge": 0.42,
+    "c5.18xlarge": 0.28,
+    "c5n.18xlarge": 0.37,
+    "c6i.4xlarge": 0.43,
+    "c6i.8xlarge": 0.39,
+    "c6i.16xlarge": 0.33,
+    "c6i.32xlarge": 0.26,
+    "c7i.4xlarge": 0.39,
+    "c7i.8xlarge": 0.38,
+    "c7i.16xlarge": 0.37,
+    "c7i.48xlarge": 0.25,
+    "m6i.4xlarge": 0.34,
+    "m7i.4xlarge": 0.48,
+    "t3.medium": 0.44,
+    "t3.large": 0.38,
+    "t3.xlarge": 0.4,
 }
