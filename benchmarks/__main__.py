@@ -32,6 +32,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.checkpoint",
         "ViT-B/16 + AdamW: SIGTERM to durable checkpoint (local, S3), stall per save sync/async",
     ),
+    "planner": (
+        "benchmarks.planner",
+        "hetero plan's predicted samples/s vs real runs, 4 configurations (target within 15%)",
+    ),
     "trainer_memory": (
         "benchmarks.trainer_memory",
         "memory per rank, hsdp vs ddp, 4 CPU processes",

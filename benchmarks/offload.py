@@ -164,24 +164,31 @@ workers_per_server = 1
 def run_trainer(
     spec: Path, run_dir: Path, s: Settings, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
+    """``trainer_summary`` on ``s.trainer_core`` within ``s.timeout_s``."""
+    return trainer_summary(spec, run_dir, s.trainer_core, s.timeout_s, extra)
+
+
+def trainer_summary(
+    spec: Path, run_dir: Path, core: int, timeout_s: float, extra: Sequence[str] = ()
+) -> dict[str, Any]:
     """The real trainer entry point (one rank: without torchrun it makes its own single-process
-    group, which spares a second torch import on the measured core), pinned to
-    ``s.trainer_core``; returns its summary. Its process group is killed if it overruns."""
+    group, which spares a second torch import on the measured core), pinned to ``core``;
+    returns its summary. Its process group is killed if it overruns ``timeout_s``."""
     cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir", str(run_dir)]
     # A checkpoint folder per run: a shared one would make the next run resume at the end.
     cmd += ["--checkpoint-dir", str(run_dir / "checkpoints"), "--log-level", "WARNING", *extra]
-    with pinned(s.trainer_core):
+    with pinned(core):
         proc = subprocess.Popen(
             cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         )  # fmt: skip
     try:
-        output, _ = proc.communicate(timeout=s.timeout_s)
+        output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         raise BenchmarkError(
-            f"trainer did not finish within {s.timeout_s:.0f} s (raise --timeout or lower "
+            f"trainer did not finish within {timeout_s:.0f} s (raise --timeout or lower "
             f"--steps): {' '.join(cmd)}\n{output[-3000:]}"
         ) from None
     summary_path = run_dir / "summary.json"

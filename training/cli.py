@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sagemaker": ("training.sagemaker_submit", "submit the spec as a SageMaker heterogeneous job"),
     "preflight": ("training.preflight", "check quotas, AZ, AMIs, Spot score, CDK bootstrap first"),
     "plan": ("training.planner.cli", "rank clusters by expected samples per dollar under Spot"),
+    "bench": ("training.planner.bench", "measure this machine's trainer and data server rates"),
 }
 
 

@@ -169,7 +169,7 @@ def test_measured_throughput_wins_over_the_estimate(tmp_path: Path) -> None:
     # Another image size: no measurement applies, the estimate (1,000/s) is used and labelled.
     estimate = gpu_throughput("g.one", workload(image_size=200), facts(), measured)
     assert (estimate.samples_per_s, estimate.measured) == (1000.0, False)
-    assert estimate.source.startswith("estimate: X 100 TFLOP/s x MFU 0.5")
+    assert estimate.source.startswith("estimate: X 100 TFLOP/s x MFU prior 0.5")
 
 
 def test_malformed_results_store_names_the_field(tmp_path: Path) -> None:
@@ -187,7 +187,8 @@ def test_the_repository_benchmark_results_are_read_as_measured() -> None:
     data = json.loads(
         (Path(__file__).resolve().parents[2] / "benchmarks/results/dataplane.json").read_text()
     )
-    rate, px, source = measured.augment_images_per_vcpu["standard"]
+    # At 224 px the figure measured at 224 px applies, not hetero bench's 64 px one.
+    rate, px, source = measured.augment_rate("standard", 224)
     assert rate == pytest.approx(1000 / data["local_augmentation"]["cpu_s_per_1000_images"])
     assert (px, source) == (224, "measured (benchmarks/results/dataplane.json)")
     checkpoint = json.loads(

@@ -60,7 +60,7 @@ def scaled_rate(rate: float, measured_px: int, image_size: int) -> float:
 
 
 def data_demand(images_per_s: float, workload: Workload, measured: Measured) -> DataDemand:
-    rate, px, source = measured.augment_images_per_vcpu[workload.recipe]
+    rate, px, source = measured.augment_rate(workload.recipe, workload.image_size)
     return DataDemand(
         images_per_s=images_per_s,
         images_per_vcpu=scaled_rate(rate, px, workload.image_size),

@@ -4,7 +4,8 @@ Two kinds of file are read:
 
 - ``throughput.json`` (the results store, written by ``hetero bench``): trainer samples/s per
   device, keyed by instance type or by GPU/CPU model, for one model, image size and precision,
-  with the date and the versions it was measured with. Format::
+  with the date and the versions it was measured with; and data-server images/s per vCPU for a
+  recipe at an image size, with the trainer side's receive cost. Format::
 
       {"format": "hetero-throughput-v1",
        "results": [{"instance_type": "g5.xlarge",     # or null: then "device" is the key
@@ -13,7 +14,12 @@ Two kinds of file are read:
                     "samples_per_s_per_device": 281.5,
                     "date": "2026-11-20",
                     "versions": {"torch": "2.15.0", "timm": "1.0.20", "cuda": "13.2"},
-                    "source": "python -m benchmarks trainer_gpu"}]}
+                    "source": "python -m benchmarks trainer_gpu"}],
+       "dataprep": [{"instance_type": null, "device": "Intel Xeon ... x1",
+                     "recipe": "randaugment", "image_size": 160,
+                     "images_per_s_per_vcpu": 340.2,           # server CPU: decode .. send
+                     "receive_images_per_s_per_vcpu": 5100.0,  # client CPU: receive, unpack
+                     "date": "2026-11-22", "versions": {...}, "source": "hetero bench"}]}
 
 - the benchmark outputs that already exist: ``dataplane.json`` (augmentation and receive CPU per
   image), ``offload.json`` (RandAugment CPU per batch) and ``checkpoint.json`` (save times).
@@ -26,7 +32,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +60,35 @@ class ThroughputResult:
     date: str
     versions: dict[str, str]
     source: str
+    params: int | None = None
+    """The model's parameter count (tells apart variants of one timm name under overrides);
+    None: the entry is for the named model as timm builds it."""
 
     def describe(self) -> str:
         versions = ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))
         key = self.instance_type or self.device
         return f"measured on {key} {self.date} ({versions})" if versions else f"measured {key}"
+
+
+@dataclass(frozen=True)
+class DataprepResult:
+    """One measured data server: augmentation and receive CPU per image."""
+
+    instance_type: str | None
+    device: str | None
+    recipe: str
+    image_size: int
+    images_per_s_per_vcpu: float
+    receive_images_per_s_per_vcpu: float
+    date: str
+    source: str
+    images_per_s_per_server: float | None = None
+    """What one server delivered to an otherwise idle client (wall clock), if measured."""
+    server_workers: int | None = None
+    """Its augmentation workers."""
+
+    def describe(self) -> str:
+        return f"measured by {self.source} on {self.instance_type or self.device} {self.date}"
 
 
 @dataclass(frozen=True)
@@ -70,15 +101,44 @@ class Measured:
     receive_images_per_vcpu: tuple[float, int, str]
     checkpoint_s3_s: tuple[float, str]
     checkpoint_async_stall_s: tuple[float, str]
+    augment_candidates: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)
+    """recipe -> every augmentation figure known (prior, benchmark outputs, hetero bench, in
+    that order); ``augment_rate`` picks the one measured nearest the job's image size."""
+    server_images_per_s: dict[str, tuple[float, int, int, str]] = field(default_factory=dict)
+    """recipe -> (images/s one server delivered, at this image side, with this many workers,
+    where the figure comes from): measured by hetero bench only."""
+
+    def augment_rate(self, recipe: str, image_size: int) -> tuple[float, int, str]:
+        """(images/s per vCPU, measured at px, source) for ``recipe``: of the figures known, the
+        one measured at the image size nearest ``image_size`` (per-image costs do not scale
+        with pixels at small sizes), the later one on a tie; else ``augment_images_per_vcpu``."""
+        found = self.augment_candidates.get(recipe, [])
+        if not found:
+            return self.augment_images_per_vcpu[recipe]
+        ranked = sorted(
+            enumerate(found),
+            key=lambda item: (abs(math.log(item[1][1] / image_size)), -item[0]),
+        )
+        return ranked[0][1]
 
     def trainer_result(
-        self, instance_type: str, device: str | None, model: str, image_size: int, precision: str
+        self,
+        instance_type: str,
+        device: str | None,
+        model: str,
+        image_size: int,
+        precision: str,
+        params: int | None = None,
     ) -> ThroughputResult | None:
-        """The newest result for this instance type, else for its GPU model; None if none."""
+        """The newest result for this instance type, else for its GPU model; None if none.
+        With ``params``, an entry that records a different parameter count does not match."""
         matching = [
             r
             for r in self.throughput
-            if r.model == model and r.image_size == image_size and r.precision == precision
+            if r.model == model
+            and r.image_size == image_size
+            and r.precision == precision
+            and (params is None or r.params is None or r.params == params)
         ]
         for key_matches in (
             lambda r: r.instance_type == instance_type,
@@ -91,13 +151,29 @@ class Measured:
 
 
 def load_measured(results_dir: Path = RESULTS_DIR) -> Measured:
-    """Read every measured figure under ``results_dir``; priors fill what is not there."""
+    """Read every measured figure under ``results_dir``; priors fill what is not there.
+    Precedence, per figure: ``hetero bench`` results (the newest), then the benchmark outputs,
+    then the priors."""
+    dataprep = read_dataprep(results_dir / THROUGHPUT_FILE)
+    candidates: dict[str, list[tuple[float, int, str]]] = {}
+    for recipe, figure in _augmentation(results_dir, []).items():
+        candidates.setdefault(recipe, []).append(figure)
+    for r in dataprep:
+        candidates.setdefault(r.recipe, []).append(
+            (r.images_per_s_per_vcpu, r.image_size, r.describe())
+        )
     return Measured(
         throughput=tuple(read_throughput(results_dir / THROUGHPUT_FILE)),
-        augment_images_per_vcpu=_augmentation(results_dir),
-        receive_images_per_vcpu=_receive(results_dir),
+        augment_images_per_vcpu=_augmentation(results_dir, dataprep),
+        augment_candidates=candidates,
+        receive_images_per_vcpu=_receive(results_dir, dataprep),
         checkpoint_s3_s=_checkpoint(results_dir, "s3"),
         checkpoint_async_stall_s=_checkpoint(results_dir, "async"),
+        server_images_per_s={
+            r.recipe: (r.images_per_s_per_server, r.image_size, r.server_workers, r.describe())
+            for r in dataprep  # Oldest first: the newest per recipe wins.
+            if r.images_per_s_per_server is not None and r.server_workers is not None
+        },
     )
 
 
@@ -130,6 +206,9 @@ def read_throughput(path: Path) -> list[ThroughputResult]:
         versions = e.get("versions", {})
         if not isinstance(versions, dict):
             raise PlanError(f"{where}.versions: expected an object of name -> version")
+        params = e.get("params")
+        if params is not None and (isinstance(params, bool) or not isinstance(params, int)):
+            raise PlanError(f"{where}.params: expected the model's parameter count (an integer)")
         out.append(
             ThroughputResult(
                 instance_type=e.get("instance_type") or None,
@@ -141,9 +220,65 @@ def read_throughput(path: Path) -> list[ThroughputResult]:
                 date=e["date"],
                 versions={str(k): str(v) for k, v in versions.items()},
                 source=str(e.get("source", "")),
+                params=params,
             )
         )
     return out
+
+
+def read_dataprep(path: Path) -> list[DataprepResult]:
+    """The store's data-server entries, oldest first; [] when there are none."""
+    data = _read_json(path)
+    if data is None:
+        return []
+    read_throughput(path)  # The format check, with its message.
+    entries = data.get("dataprep", [])
+    if not isinstance(entries, list):
+        raise PlanError(f'{path}: "dataprep" must be a list of measured data servers')
+    out = []
+    for i, e in enumerate(entries):
+        where = f"{path}: dataprep[{i}]"
+        if not isinstance(e, dict):
+            raise PlanError(f"{where}: expected an object")
+        rates = []
+        for key in ("images_per_s_per_vcpu", "receive_images_per_s_per_vcpu"):
+            rate = e.get(key)
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
+                raise PlanError(f"{where}.{key}: expected a positive number")
+            rates.append(float(rate))
+        if e.get("recipe") not in priors.AUGMENT_IMAGES_PER_VCPU_PRIOR:
+            known = ", ".join(priors.AUGMENT_IMAGES_PER_VCPU_PRIOR)
+            raise PlanError(f"{where}.recipe: expected one of {known}")
+        size = e.get("image_size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 16:
+            raise PlanError(f"{where}.image_size: expected an integer side in px (>= 16)")
+        if not isinstance(e.get("date"), str) or not e["date"]:
+            raise PlanError(f"{where}.date: expected a non-empty string")
+        delivered = e.get("images_per_s_per_server")
+        workers = e.get("server_workers")
+        if delivered is not None and (
+            isinstance(delivered, bool) or not isinstance(delivered, int | float) or delivered <= 0
+        ):
+            raise PlanError(f"{where}.images_per_s_per_server: expected a positive number")
+        if workers is not None and (
+            isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+        ):
+            raise PlanError(f"{where}.server_workers: expected a positive integer")
+        out.append(
+            DataprepResult(
+                instance_type=e.get("instance_type") or None,
+                device=e.get("device") or None,
+                recipe=e["recipe"],
+                image_size=size,
+                images_per_s_per_vcpu=rates[0],
+                receive_images_per_s_per_vcpu=rates[1],
+                date=e["date"],
+                source=str(e.get("source") or "hetero bench"),
+                images_per_s_per_server=None if delivered is None else float(delivered),
+                server_workers=workers,
+            )
+        )
+    return sorted(out, key=lambda r: r.date)
 
 
 def _read_json(path: Path) -> Any:
@@ -168,7 +303,9 @@ def _number(data: Any, *keys: str | int) -> float | None:
     return float(data)
 
 
-def _augmentation(results_dir: Path) -> dict[str, tuple[float, int, str]]:
+def _augmentation(
+    results_dir: Path, dataprep: list[DataprepResult]
+) -> dict[str, tuple[float, int, str]]:
     out = {
         recipe: (rate, 224, "prior (training/planner/priors.py)")
         for recipe, rate in priors.AUGMENT_IMAGES_PER_VCPU_PRIOR.items()
@@ -193,10 +330,15 @@ def _augmentation(results_dir: Path) -> dict[str, tuple[float, int, str]]:
             int(size),
             "measured (benchmarks/results/offload.json)",
         )
+    for r in dataprep:  # Oldest first: the newest per recipe wins.
+        out[r.recipe] = (r.images_per_s_per_vcpu, r.image_size, r.describe())
     return out
 
 
-def _receive(results_dir: Path) -> tuple[float, int, str]:
+def _receive(results_dir: Path, dataprep: list[DataprepResult]) -> tuple[float, int, str]:
+    if dataprep:
+        r = dataprep[-1]
+        return r.receive_images_per_s_per_vcpu, r.image_size, r.describe()
     dataplane = _read_json(results_dir / "dataplane.json")
     cpu_s = _number(dataplane, "transport", "client_cpu_s_per_1000_images")
     size = _number(dataplane, "settings", "image_size")

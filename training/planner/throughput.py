@@ -1,12 +1,16 @@
 """Trainer samples/s per GPU: measured where the results store has it, else a FLOPs estimate.
 
 Estimate: ``samples/s per GPU = peak FLOP/s x MFU / training FLOPs per sample``, with the GPU's
-peak from ``priors.GPU_PEAKS`` (bf16, or its fp32/TF32 figure for ``precision = "fp32"``) and
-the MFU prior (0.35). Both parts are labelled "estimate" wherever they are shown.
+peak from ``priors.GPU_PEAKS`` (bf16, or its fp32/TF32 figure for ``precision = "fp32"``) and an
+MFU calibrated on the measured GPU runs in the results store: the median, over every stored
+result for the same model (parameter count), image size and precision on a GPU the peak table
+knows, of ``measured samples/s x FLOPs per sample / peak``. With no such run, the MFU prior
+(0.35). Both parts are labelled "estimate" wherever they are shown, with the MFU's origin.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from training.planner.errors import PlanError
@@ -24,6 +28,31 @@ class GpuThroughput:
     source: str
 
 
+def calibrated_mfu(workload: Workload, facts: Facts, measured: Measured) -> tuple[float, str]:
+    """(MFU, where it comes from): the median over the store's matching GPU runs, else the
+    prior (see the module docstring)."""
+    observed: list[float] = []
+    for r in measured.throughput:
+        if (r.model, r.image_size, r.precision) != (
+            workload.model,
+            workload.image_size,
+            workload.precision.value,
+        ) or (r.params is not None and r.params != workload.params):
+            continue
+        gpu = r.device
+        if r.instance_type is not None and r.instance_type in facts.catalog:
+            gpu = facts.catalog[r.instance_type].gpu_model
+        if gpu is None or gpu not in facts.gpu_peaks:
+            continue  # A CPU run, or a GPU without a peak figure: nothing to calibrate with.
+        peak = facts.gpu_peaks[gpu]
+        flops = peak.bf16 if workload.precision is Precision.BF16 else peak.fp32
+        observed.append(r.samples_per_s_per_device * workload.train_flops_per_sample / flops)
+    if not observed:
+        return facts.mfu, f"MFU prior {facts.mfu:g}"
+    mfu = statistics.median(observed)
+    return mfu, f"MFU {mfu:.3g} calibrated on {len(observed)} measured GPU run(s)"
+
+
 def gpu_throughput(
     instance_type: str, workload: Workload, facts: Facts, measured: Measured
 ) -> GpuThroughput:
@@ -35,6 +64,7 @@ def gpu_throughput(
         workload.model,
         workload.image_size,
         workload.precision.value,
+        workload.params,
     )
     if result is not None:
         return GpuThroughput(result.samples_per_s_per_device, True, result.describe())
@@ -46,10 +76,11 @@ def gpu_throughput(
         )
     peak = facts.gpu_peaks[entry.gpu_model]
     flops = peak.bf16 if workload.precision is Precision.BF16 else peak.fp32
-    rate = flops * facts.mfu / workload.train_flops_per_sample
+    mfu, mfu_source = calibrated_mfu(workload, facts, measured)
+    rate = flops * mfu / workload.train_flops_per_sample
     return GpuThroughput(
         rate,
         False,
-        f"estimate: {entry.gpu_model} {flops / 1e12:g} TFLOP/s x MFU {facts.mfu:g} / "
+        f"estimate: {entry.gpu_model} {flops / 1e12:g} TFLOP/s x {mfu_source} / "
         f"{workload.train_flops_per_sample / 1e9:.1f} GFLOP per sample",
     )

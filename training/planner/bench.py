@@ -1,0 +1,474 @@
+"""``hetero bench``: measure this machine for the planner, and store the figures it prefers.
+
+    hetero bench --spec cluster.toml [--out benchmarks/results/throughput.json]
+                 [--trainer-cores 0] [--server-cores 1] [--steps 30] [--warmup 5]
+                 [--batches 60] [--instance-type TYPE|imds] [--only trainer|dataprep]
+
+Two measurements, one after the other, each with the spec's model, batch, precision, recipe and
+image size:
+
+1. **Trainer samples/s** on this machine's device: the real ``Trainer`` in this process on
+   synthetic in-memory batches (no input pipeline), ``--warmup`` steps left out. On a GPU machine
+   it measures GPU 0; here, the CPU cores ``--trainer-cores`` with one torch thread per core.
+2. **Data server images/s per vCPU** for the recipe: a real ``hetero serve`` process
+   (``--server-cores``, one augmentation worker per core) streams ``--batches`` batches to a
+   real ``DataPlaneClient`` in this process over loopback gRPC. The server's CPU-seconds
+   (psutil, the process and its workers) give images/s per vCPU including its gRPC and
+   serialisation work; this process's CPU-seconds give the trainer side's receive cost.
+
+Results are keyed by instance type (``--instance-type``; ``imds`` asks the instance metadata
+service at ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` or its default address) or else by the device
+model (GPU name, or the CPU's model name and the core count), with the date and the versions,
+and merged into the results store (``training.planner.results``): an entry with the same key is
+replaced, others are kept. ``hetero plan`` then prefers them to its priors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.planner.errors import PlanError
+from training.planner.results import RESULTS_DIR, THROUGHPUT_FILE, THROUGHPUT_FORMAT
+from training.spec import ClusterSpec, load_spec
+
+log = logging.getLogger(__name__)
+
+SOURCE = "hetero bench"
+
+
+@dataclass(frozen=True)
+class TrainerFigure:
+    samples_per_s: float
+    step_time_s: float
+    measured_steps: int
+    device: str
+    threads: int
+
+
+@dataclass(frozen=True)
+class DataprepFigure:
+    images_per_s_per_vcpu: float
+    """Server process CPU: decode, augment, serialise, send."""
+    receive_images_per_s_per_vcpu: float
+    """Client process CPU: receive and unpack (the trainer host's share)."""
+    images_per_s_per_server: float
+    """Delivered (wall clock) to one otherwise idle client: the server's pipeline limit."""
+    images: int
+    server_cpu_s: float
+    client_cpu_s: float
+    wall_s: float
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", default="cluster.toml", help="cluster spec (TOML)")
+    parser.add_argument(
+        "--out",
+        default=str(RESULTS_DIR / THROUGHPUT_FILE),
+        help="results store to merge into (default: %(default)s, where hetero plan reads)",
+    )
+    parser.add_argument(
+        "--trainer-cores", help="CPU cores for the trainer, e.g. '0' or '0-3' (default: all)"
+    )
+    parser.add_argument(
+        "--server-cores", help="CPU cores for the data server, one worker each (default: all)"
+    )
+    parser.add_argument("--steps", type=int, default=30, help="timed trainer steps")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed trainer steps first")
+    parser.add_argument("--batches", type=int, default=60, help="timed data-server batches")
+    parser.add_argument(
+        "--instance-type",
+        help="key the results by this instance type ('imds': ask the instance metadata "
+        "service); default: by the device model",
+    )
+    parser.add_argument(
+        "--only", choices=["trainer", "dataprep"], help="measure one of the two (default: both)"
+    )
+
+
+def parse_cores(text: str | None, flag: str) -> list[int]:
+    """``"0,2-3"`` -> [0, 2, 3]; None -> every core this process may use. Cores outside this
+    process's affinity are an error that lists the usable ones."""
+    usable = sorted(os.sched_getaffinity(0))
+    if text is None:
+        return usable
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise PlanError(f"{flag} {text!r}: expected core numbers like '0' or '0-3'") from None
+    bad = sorted(cores - set(usable))
+    if not cores or bad:
+        raise PlanError(f"{flag} {text!r}: cores {bad or '(none)'} are not usable; use {usable}")
+    return sorted(cores)
+
+
+@contextlib.contextmanager
+def pinned(cores: Sequence[int]) -> Iterator[None]:
+    """This process (and children started meanwhile, which inherit it) on ``cores``."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cores))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
+def thread_environ(threads: int) -> Iterator[None]:
+    """``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` for children started meanwhile."""
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(threads) for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_model(name: str) -> str:
+    """torch's device name as the planner's GPU table names it (``NVIDIA A10G`` -> ``A10G``,
+    ``NVIDIA H100 80GB HBM3`` -> ``H100``), so a result keys the same GPU on other types."""
+    from training.planner import priors
+
+    for model in sorted(priors.GPU_PEAKS, key=len, reverse=True):
+        if model.lower() in name.lower():
+            return model
+    return name
+
+
+def versions() -> dict[str, str]:
+    import grpc
+    import timm
+    import torch
+
+    out = {
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "grpc": grpc.__version__,
+        "python": platform.python_version(),
+    }
+    cuda = getattr(torch.version, "cuda", None)
+    if cuda and torch.cuda.is_available():
+        out["cuda"] = cuda
+    return out
+
+
+def bench_spec(spec: ClusterSpec, warmup: int, steps: int) -> ClusterSpec:
+    """The spec's job for ``warmup + steps`` steps, the warm-up as the first metrics interval
+    (the trainer's summary leaves it out), no periodic checkpoint."""
+    job = spec.job
+    return dataclasses.replace(
+        spec,
+        job=dataclasses.replace(
+            job,
+            steps=warmup + steps,
+            epochs=None,
+            log_every_steps=warmup,
+            checkpoint=dataclasses.replace(job.checkpoint, interval_steps=1 << 30),
+        ),
+    )
+
+
+def measure_trainer(
+    spec: ClusterSpec, cores: Sequence[int], warmup: int, steps: int
+) -> TrainerFigure:
+    """The real Trainer on synthetic batches, in this process, pinned to ``cores``."""
+    import torch
+
+    from training.trainer.config import TrainerConfig
+    from training.trainer.train import Trainer
+
+    cuda = torch.cuda.is_available()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(len(cores))
+    try:
+        with tempfile.TemporaryDirectory(prefix="hetero-bench-") as tmp, pinned(cores):
+            config = TrainerConfig.from_spec(
+                bench_spec(spec, warmup, steps),
+                run_dir=Path(tmp) / "run",
+                checkpoint_dir=Path(tmp) / "checkpoints",
+                synthetic=True,
+                emf=False,
+            )
+            trainer = Trainer(config)
+            try:
+                trainer.train()
+            finally:
+                trainer.close()
+            summary = dict(trainer.summary)
+    finally:
+        torch.set_num_threads(threads)
+    if not summary.get("measured_steps"):
+        raise PlanError(f"the trainer measured no steady-state steps; raise --steps ({summary})")
+    device = gpu_model(torch.cuda.get_device_name(0)) if cuda else f"{cpu_model()} x{len(cores)}"
+    return TrainerFigure(
+        samples_per_s=float(summary["samples_per_s"]),
+        step_time_s=float(summary["step_time_s"]),
+        measured_steps=int(summary["measured_steps"]),
+        device=device,
+        threads=len(cores),
+    )
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """User + system CPU-seconds of process ``pid`` and its live descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def measure_dataprep(
+    spec_path: Path,
+    spec: ClusterSpec,
+    cores: Sequence[int],
+    batches: int,
+    client_cores: Sequence[int] | None = None,
+) -> DataprepFigure:
+    """One data server on ``cores`` streaming to a client here (on ``client_cores``: where the
+    trainer would run), with the spec's reorder window, range size and streams; CPU per image
+    on each side, after a warm-up that fills the window."""
+    from training.dataplane.client import DataPlaneClient
+    from training.dataplane.processes import start_server_process
+
+    job = spec.job
+    dp = job.dataplane
+    warmup = dp.prefetch_batches + 4
+    with pinned(cores), thread_environ(1):
+        server = start_server_process(spec_path, workers=len(cores), timeout_s=120.0)
+    try:
+        with (
+            pinned(client_cores or sorted(os.sched_getaffinity(0))),
+            DataPlaneClient(
+                [server.address],
+                batch_size=job.batch_size,
+                prefetch_batches=dp.prefetch_batches,
+                chunk_batches=dp.chunk_batches,
+                streams_per_server=dp.streams_per_server,
+                recipe=job.augmentation.value,
+                image_size=job.dataset.image_size,
+            ) as client,
+        ):
+            client.wait_for_servers(timeout_s=60.0, settle_s=0.0)
+            if client.num_samples < job.batch_size:
+                raise PlanError(
+                    f"the dataset has {client.num_samples} samples, fewer than one batch"
+                )
+            seen = 0
+            start: tuple[float, float, float] | None = None
+            epoch = 0
+            while seen < warmup + batches:
+                for batch in client.iter_epoch(epoch):
+                    seen += 1
+                    if seen == warmup:
+                        start = (
+                            time.perf_counter(),
+                            time.process_time(),
+                            _tree_cpu_s(server.process.pid),
+                        )
+                    if seen >= warmup + batches:
+                        break
+                    del batch
+                epoch += 1
+            end = (time.perf_counter(), time.process_time(), _tree_cpu_s(server.process.pid))
+            client.shutdown_servers()
+    except BaseException:
+        server.process.kill()  # Nothing left behind when the measurement fails.
+        raise
+    finally:
+        server.stop(timeout_s=10.0)
+    assert start is not None
+    images = batches * job.batch_size
+    wall, client_cpu, server_cpu = (e - s for e, s in zip(end, start, strict=True))
+    if server_cpu <= 0 or client_cpu <= 0:
+        raise PlanError("no CPU time was measured; raise --batches")
+    return DataprepFigure(
+        images_per_s_per_vcpu=images / server_cpu,
+        receive_images_per_s_per_vcpu=images / client_cpu,
+        images_per_s_per_server=images / wall,
+        images=images,
+        server_cpu_s=server_cpu,
+        client_cpu_s=client_cpu,
+        wall_s=wall,
+    )
+
+
+def planned_params(spec: ClusterSpec) -> int | None:
+    """The parameter count the planner computes for the spec's model (what it matches results
+    on), or None for a model it cannot size."""
+    from training.planner.workload import workload_from_spec
+
+    try:
+        return workload_from_spec(spec).params
+    except PlanError:
+        return None
+
+
+def instance_type_from(arg: str | None) -> str | None:
+    """``--instance-type``: the type given, the one IMDS reports for ``imds``, or None."""
+    if arg != "imds":
+        return arg
+    from training.launcher.imds import ImdsClient, ImdsError, endpoint_from_env
+
+    try:
+        found = ImdsClient(endpoint_from_env(os.environ)).get("/latest/meta-data/instance-type")
+    except ImdsError as e:
+        raise PlanError(f"--instance-type imds: the instance metadata service failed ({e})") from e
+    if not found:
+        raise PlanError("--instance-type imds: no instance type in the metadata; give it")
+    return found
+
+
+def merge(store: Path, trainer: list[dict[str, Any]], dataprep: list[dict[str, Any]]) -> None:
+    """Write the entries into ``store``, replacing any with the same key; atomically."""
+    data: dict[str, Any] = {"format": THROUGHPUT_FORMAT, "results": [], "dataprep": []}
+    if store.exists():
+        try:
+            data = json.loads(store.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise PlanError(f"{store}: not readable JSON ({e}); fix or move it") from e
+        if not isinstance(data, dict) or data.get("format") != THROUGHPUT_FORMAT:
+            raise PlanError(f'{store}: not a results store ("format": "{THROUGHPUT_FORMAT}")')
+
+    def key(e: dict[str, Any], fields: Sequence[str]) -> tuple[Any, ...]:
+        return tuple(e.get(f) for f in fields)
+
+    for name, new, fields in (
+        ("results", trainer, ("instance_type", "device", "model", "image_size", "precision")),
+        ("dataprep", dataprep, ("instance_type", "device", "recipe", "image_size")),
+    ):
+        replaced = {key(e, fields) for e in new}
+        kept = [e for e in data.get(name, []) if key(e, fields) not in replaced]
+        data[name] = kept + new
+    store.parent.mkdir(parents=True, exist_ok=True)
+    tmp = store.with_suffix(store.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(store)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except PlanError as e:
+        print(f"hetero bench: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from training.planner.results import read_throughput
+
+    for flag, value in (
+        ("--steps", args.steps),
+        ("--warmup", args.warmup),
+        ("--batches", args.batches),
+    ):
+        if value < 1:
+            raise PlanError(f"{flag} must be at least 1, got {value}")
+    spec_path = Path(args.spec)
+    spec = load_spec(spec_path)
+    job = spec.job
+    trainer_cores = parse_cores(args.trainer_cores, "--trainer-cores")
+    server_cores = parse_cores(args.server_cores, "--server-cores")
+    instance_type = instance_type_from(args.instance_type)
+    common = {
+        "instance_type": instance_type,
+        "image_size": job.dataset.image_size,
+        "date": datetime.date.today().isoformat(),
+        "versions": versions(),
+        "source": f"{SOURCE} --spec {spec_path.name}",
+    }
+    trainer_entries: list[dict[str, Any]] = []
+    dataprep_entries: list[dict[str, Any]] = []
+    if args.only in (None, "trainer"):
+        print(
+            f"trainer: {job.model.name} batch {job.batch_size} {job.precision.value} on cores "
+            f"{trainer_cores}, {args.warmup} + {args.steps} steps ...",
+            flush=True,
+        )
+        t = measure_trainer(spec, trainer_cores, args.warmup, args.steps)
+        print(
+            f"  {t.samples_per_s:.1f} samples/s ({t.step_time_s * 1e3:.1f} ms per step) "
+            f"on {t.device}",
+            flush=True,
+        )
+        trainer_entries.append(
+            {
+                **common,
+                "device": t.device,
+                "model": job.model.name,
+                "overrides": dict(job.model.overrides),
+                "params": planned_params(spec),
+                "batch_size": job.batch_size,
+                "precision": job.precision.value,
+                "threads": t.threads,
+                "samples_per_s_per_device": t.samples_per_s,
+                "measured_steps": t.measured_steps,
+            }
+        )
+    if args.only in (None, "dataprep"):
+        print(
+            f"data server: {job.augmentation.value} at {job.dataset.image_size} px on cores "
+            f"{server_cores}, {args.batches} batches ...",
+            flush=True,
+        )
+        d = measure_dataprep(spec_path, spec, server_cores, args.batches, trainer_cores)
+        print(
+            f"  {d.images_per_s_per_vcpu:.1f} images/s per vCPU (server), receive "
+            f"{d.receive_images_per_s_per_vcpu:.0f} images/s per vCPU (client), delivered "
+            f"{d.images_per_s_per_server:.1f} images/s",
+            flush=True,
+        )
+        dataprep_entries.append(
+            {
+                **common,
+                "device": f"{cpu_model()} x{len(server_cores)}",
+                "recipe": job.augmentation.value,
+                "dataset": job.dataset.source.value,
+                "images_per_s_per_vcpu": d.images_per_s_per_vcpu,
+                "receive_images_per_s_per_vcpu": d.receive_images_per_s_per_vcpu,
+                "images_per_s_per_server": d.images_per_s_per_server,
+                "server_workers": len(server_cores),
+                "images": d.images,
+            }
+        )
+    store = Path(args.out)
+    merge(store, trainer_entries, dataprep_entries)
+    read_throughput(store)  # What was written reads back (a malformed store is an error).
+    print(f"-> {store}")
+    return 0
