@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,33 +70,20 @@ class Settings:
     """Smoke mode: also skips the train-step-alone run."""
 
 
-@contextlib.contextmanager
-def pinned(core: int) -> Iterator[None]:
+def pinned(core: int) -> contextlib.AbstractContextManager[None]:
     """Pin this process to ``core`` while children are started, so they (and their own
     children: DataLoader workers, the forkserver and its workers) inherit the one-core mask."""
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
+    from training.planner.bench import pinned as pinned_to
+
+    return pinned_to([core])
 
 
-@contextlib.contextmanager
-def one_thread_environ() -> Iterator[None]:
+def one_thread_environ() -> contextlib.AbstractContextManager[None]:
     """``child_env()``'s thread settings in ``os.environ`` while a child is started, then the
     previous values back."""
-    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    before = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: "1" for k in keys})
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    from training.planner.bench import thread_environ
+
+    return thread_environ(1)
 
 
 def child_env() -> dict[str, str]:

@@ -83,3 +83,19 @@ def workload(**changes: object) -> Workload:
     )
     base.update(changes)
     return Workload(**base)  # type: ignore[arg-type]
+
+
+def trainer_entry(**changes: object) -> dict[str, object]:
+    """One trainer result as the results store holds it (GPU X, the test model, 100 px)."""
+    base: dict[str, object] = {
+        "instance_type": None,
+        "device": "X",
+        "model": "test",
+        "image_size": 100,
+        "precision": "bf16",
+        "samples_per_s_per_device": 250.0,
+        "date": "2026-11-20",
+        "versions": {"torch": "2.15.0"},
+        "source": "test",
+    }
+    return {**base, **changes}

@@ -23,7 +23,7 @@ from training.planner.throughput import calibrated_mfu, gpu_throughput
 from training.planner.workload import workload_from_spec
 from training.spec import load_spec
 
-from .support import MEASURED, facts, workload
+from .support import MEASURED, facts, trainer_entry, workload
 
 TINY_SPEC = """
 name = "bench-test"
@@ -63,21 +63,6 @@ prefetch_batches = 2
 chunk_batches = 1
 workers_per_server = 1
 """
-
-
-def trainer_entry(**changes: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "instance_type": None,
-        "device": "X",
-        "model": "test",
-        "image_size": 100,
-        "precision": "bf16",
-        "samples_per_s_per_device": 250.0,
-        "date": "2026-11-20",
-        "versions": {},
-        "source": "test",
-    }
-    return {**base, **changes}
 
 
 def dataprep_entry(**changes: object) -> dict[str, object]:

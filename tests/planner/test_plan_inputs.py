@@ -17,6 +17,7 @@ from training.planner.workload import vit_size, workload_from_spec
 from training.spec import Market, parse_spec
 
 from .support import facts, workload
+from .support import trainer_entry as entry
 
 SPEC = {
     "name": "plan-test",
@@ -133,22 +134,6 @@ def write_store(folder: Path, results: list[dict[str, object]]) -> None:
     (folder / "throughput.json").write_text(
         json.dumps({"format": "hetero-throughput-v1", "results": results})
     )
-
-
-def entry(**changes: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "instance_type": None,
-        "device": "X",
-        "model": "test",
-        "image_size": 100,
-        "precision": "bf16",
-        "samples_per_s_per_device": 250.0,
-        "date": "2026-11-20",
-        "versions": {"torch": "2.15.0"},
-        "source": "test",
-    }
-    base.update(changes)
-    return base
 
 
 def test_measured_throughput_wins_over_the_estimate(tmp_path: Path) -> None:
