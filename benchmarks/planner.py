@@ -27,7 +27,6 @@ Target: every prediction within 15 % of its run. Prints a table and writes
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import sys
@@ -42,6 +41,7 @@ from benchmarks.offload import BenchmarkError, one_thread_environ, pinned, train
 log = logging.getLogger(__name__)
 
 TARGET = 0.15
+SOURCE = "python -m benchmarks planner"
 IMAGE_SIZE = 64
 BATCH = 32
 MODELS: dict[str, dict[str, Any]] = {
@@ -70,14 +70,7 @@ CONFIGS = (
 )
 
 
-def write_spec(
-    path: Path,
-    model: str,
-    recipe: str,
-    steps: int,
-    warmup: int,
-    dataplane: str = DATAPLANE,
-) -> Path:
+def write_spec(path: Path, model: str, recipe: str, steps: int, warmup: int) -> Path:
     """A synthetic-data spec (JPEG bytes decoded per sample by the servers), one epoch long."""
     from training.spec import load_spec
 
@@ -112,7 +105,7 @@ image_size = {IMAGE_SIZE}
 interval_steps = {1 << 30}
 dir = "{path.parent / "checkpoints"}"
 [job.dataplane]
-{dataplane}
+{DATAPLANE}
 """
     )
     load_spec(path)
@@ -142,12 +135,13 @@ def run_fed(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.planner.bench import (
+        common_fields,
         cpu_model,
+        dataprep_record,
         measure_dataprep,
         measure_trainer,
         merge,
-        planned_params,
-        versions,
+        trainer_record,
     )
     from training.planner.local import LocalTopology, predict_local
     from training.planner.results import load_measured
@@ -159,14 +153,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not configs:
         raise BenchmarkError(f"--only {args.only}: choose from {[c.name for c in CONFIGS]}")
     cpu = cpu_model()
-    date = datetime.date.today().isoformat()
-    common = {
-        "instance_type": None,
-        "image_size": IMAGE_SIZE,
-        "date": date,
-        "versions": versions(),
-        "source": "python -m benchmarks planner",
-    }
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-planner-") as tmp:
         work = Path(tmp)
@@ -179,54 +165,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # 1. hetero bench's figures: each model's trainer, each recipe's data server.
         trainer_entries, dataprep_entries = [], []
         for model in dict.fromkeys(c.model for c in configs):
-            path = next(p for (m, _), p in specs.items() if m == model)
-            spec = load_spec(path)
+            spec = load_spec(next(p for (m, _), p in specs.items() if m == model))
             print(f"bench: trainer, {model} model, core {args.trainer_core} ...", flush=True)
             t = measure_trainer(spec, [args.trainer_core], args.warmup, args.steps)
             print(f"  {t.samples_per_s:.1f} samples/s", flush=True)
-            trainer_entries.append(
-                {
-                    **common,
-                    "device": t.device,
-                    "model": spec.job.model.name,
-                    "overrides": dict(spec.job.model.overrides),
-                    "params": planned_params(spec),
-                    "batch_size": BATCH,
-                    "precision": "fp32",
-                    "threads": 1,
-                    "samples_per_s_per_device": t.samples_per_s,
-                    "measured_steps": t.measured_steps,
-                }
-            )
+            trainer_entries.append(trainer_record(spec, t, common_fields(spec, None, SOURCE)))
         for recipe in dict.fromkeys(c.recipe for c in configs):
             path = next(p for (_, r), p in specs.items() if r == recipe)
+            spec = load_spec(path)
             print(f"bench: data server, {recipe}, core {args.server_core} ...", flush=True)
-            d = measure_dataprep(
-                path, load_spec(path), [args.server_core], args.batches, [args.trainer_core]
-            )
+            cores = [args.server_core]
+            d = measure_dataprep(path, spec, cores, args.batches, [args.trainer_core])
             print(
                 f"  {d.images_per_s_per_vcpu:.1f} images/s per core, receive "
                 f"{d.receive_images_per_s_per_vcpu:.0f}",
                 flush=True,
             )
-            dataprep_entries.append(
-                {
-                    **common,
-                    "device": f"{cpu} x1",
-                    "recipe": recipe,
-                    "dataset": "synthetic",
-                    "images_per_s_per_vcpu": d.images_per_s_per_vcpu,
-                    "receive_images_per_s_per_vcpu": d.receive_images_per_s_per_vcpu,
-                    "images_per_s_per_server": d.images_per_s_per_server,
-                    "server_workers": 1,
-                    "images": d.images,
-                }
-            )
+            common = common_fields(spec, None, SOURCE)
+            dataprep_entries.append(dataprep_record(spec, d, cores, common))
         merge(store, trainer_entries, dataprep_entries)
+        measured = load_measured(store.parent)
         # 2 and 3: each configuration predicted, then run.
         for c in configs:
             path = specs[(c.model, c.recipe)]
-            measured = load_measured(store.parent)
             topology = LocalTopology(1, c.servers, 1, 1)
             workload = workload_from_spec(load_spec(path))
             predicted = predict_local(topology, workload, measured, cpu)

@@ -355,6 +355,54 @@ def instance_type_from(arg: str | None) -> str | None:
     return found
 
 
+def common_fields(spec: ClusterSpec, instance_type: str | None, source: str) -> dict[str, Any]:
+    """What every entry of one bench run shares: its key's instance type, the image size, the
+    date, the versions and the command that measured it."""
+    return {
+        "instance_type": instance_type,
+        "image_size": spec.job.dataset.image_size,
+        "date": datetime.date.today().isoformat(),
+        "versions": versions(),
+        "source": source,
+    }
+
+
+def trainer_record(spec: ClusterSpec, t: TrainerFigure, common: dict[str, Any]) -> dict[str, Any]:
+    """The results store's trainer entry for ``t`` measured with ``spec``'s job."""
+    job = spec.job
+    return {
+        **common,
+        "device": t.device,
+        "model": job.model.name,
+        "overrides": dict(job.model.overrides),
+        "params": planned_params(spec),
+        "batch_size": job.batch_size,
+        "precision": job.precision.value,
+        "threads": t.threads,
+        "samples_per_s_per_device": t.samples_per_s,
+        "measured_steps": t.measured_steps,
+    }
+
+
+def dataprep_record(
+    spec: ClusterSpec, d: DataprepFigure, cores: Sequence[int], common: dict[str, Any]
+) -> dict[str, Any]:
+    """The results store's data-server entry for ``d``, measured on ``cores`` (one worker
+    each) with ``spec``'s recipe and dataset."""
+    job = spec.job
+    return {
+        **common,
+        "device": f"{cpu_model()} x{len(cores)}",
+        "recipe": job.augmentation.value,
+        "dataset": job.dataset.source.value,
+        "images_per_s_per_vcpu": d.images_per_s_per_vcpu,
+        "receive_images_per_s_per_vcpu": d.receive_images_per_s_per_vcpu,
+        "images_per_s_per_server": d.images_per_s_per_server,
+        "server_workers": len(cores),
+        "images": d.images,
+    }
+
+
 def merge(store: Path, trainer: list[dict[str, Any]], dataprep: list[dict[str, Any]]) -> None:
     """Write the entries into ``store``, replacing any with the same key; atomically."""
     data: dict[str, Any] = {"format": THROUGHPUT_FORMAT, "results": [], "dataprep": []}
@@ -406,13 +454,7 @@ def _run(args: argparse.Namespace) -> int:
     trainer_cores = parse_cores(args.trainer_cores, "--trainer-cores")
     server_cores = parse_cores(args.server_cores, "--server-cores")
     instance_type = instance_type_from(args.instance_type)
-    common = {
-        "instance_type": instance_type,
-        "image_size": job.dataset.image_size,
-        "date": datetime.date.today().isoformat(),
-        "versions": versions(),
-        "source": f"{SOURCE} --spec {spec_path.name}",
-    }
+    common = common_fields(spec, instance_type, f"{SOURCE} --spec {spec_path.name}")
     trainer_entries: list[dict[str, Any]] = []
     dataprep_entries: list[dict[str, Any]] = []
     if args.only in (None, "trainer"):
@@ -427,20 +469,7 @@ def _run(args: argparse.Namespace) -> int:
             f"on {t.device}",
             flush=True,
         )
-        trainer_entries.append(
-            {
-                **common,
-                "device": t.device,
-                "model": job.model.name,
-                "overrides": dict(job.model.overrides),
-                "params": planned_params(spec),
-                "batch_size": job.batch_size,
-                "precision": job.precision.value,
-                "threads": t.threads,
-                "samples_per_s_per_device": t.samples_per_s,
-                "measured_steps": t.measured_steps,
-            }
-        )
+        trainer_entries.append(trainer_record(spec, t, common))
     if args.only in (None, "dataprep"):
         print(
             f"data server: {job.augmentation.value} at {job.dataset.image_size} px on cores "
@@ -454,19 +483,7 @@ def _run(args: argparse.Namespace) -> int:
             f"{d.images_per_s_per_server:.1f} images/s",
             flush=True,
         )
-        dataprep_entries.append(
-            {
-                **common,
-                "device": f"{cpu_model()} x{len(server_cores)}",
-                "recipe": job.augmentation.value,
-                "dataset": job.dataset.source.value,
-                "images_per_s_per_vcpu": d.images_per_s_per_vcpu,
-                "receive_images_per_s_per_vcpu": d.receive_images_per_s_per_vcpu,
-                "images_per_s_per_server": d.images_per_s_per_server,
-                "server_workers": len(server_cores),
-                "images": d.images,
-            }
-        )
+        dataprep_entries.append(dataprep_record(spec, d, server_cores, common))
     store = Path(args.out)
     merge(store, trainer_entries, dataprep_entries)
     read_throughput(store)  # What was written reads back (a malformed store is an error).
