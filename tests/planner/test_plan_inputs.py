@@ -176,6 +176,10 @@ def test_the_repository_benchmark_results_are_read_as_measured() -> None:
     rate, px, source = measured.augment_rate("standard", 224)
     assert rate == pytest.approx(1000 / data["local_augmentation"]["cpu_s_per_1000_images"])
     assert (px, source) == (224, "measured (benchmarks/results/dataplane.json)")
+    # Likewise the receive cost: the 224 px transport measurement, not a smaller size's.
+    receive = measured.receive_rate(224)
+    assert receive[0] == pytest.approx(1000 / data["transport"]["client_cpu_s_per_1000_images"])
+    assert receive[1:] == (224, "measured (benchmarks/results/dataplane.json)")
     checkpoint = json.loads(
         (Path(__file__).resolve().parents[2] / "benchmarks/results/checkpoint.json").read_text()
     )

@@ -78,7 +78,7 @@ def trainer_host_shortfall(
 ) -> str | None:
     """Why one trainer instance lacks the vCPUs to train and receive, or None if it has them."""
     entry = facts.instance(instance_type)
-    rate, px, _ = measured.receive_images_per_vcpu
+    rate, px, _ = measured.receive_rate(workload.image_size)
     receive = images_per_s_per_instance / scaled_rate(rate, px, workload.image_size)
     need = max(1, entry.gpus) * facts.trainer_vcpus_per_rank + receive
     if need <= entry.vcpus:

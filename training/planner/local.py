@@ -78,7 +78,7 @@ def predict_local(
         )
     rate, px, aug_source = measured.augment_rate(workload.recipe, workload.image_size)
     augment = scaled_rate(rate, px, workload.image_size)
-    rate, px, receive_source = measured.receive_images_per_vcpu
+    rate, px, receive_source = measured.receive_rate(workload.image_size)
     receive = scaled_rate(rate, px, workload.image_size)
     cores = topology.trainer_cores
     trainer_side = cores / (cores / trainer.samples_per_s_per_device + 1 / receive)

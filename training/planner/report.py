@@ -218,7 +218,10 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "measured": {
             "augmentation": {
                 k: {"images_per_vcpu": v[0], "at_px": v[1], "source": v[2]}
-                for k, v in plan.measured.augment_images_per_vcpu.items()
+                for k, v in (
+                    (recipe, plan.measured.augment_rate(recipe, w.image_size))
+                    for recipe in plan.measured.augment_images_per_vcpu
+                )
             },
             "checkpoint_s3_s": list(plan.measured.checkpoint_s3_s),
             "checkpoint_async_stall_s": list(plan.measured.checkpoint_async_stall_s),

@@ -91,6 +91,15 @@ class DataprepResult:
         return f"measured by {self.source} on {self.instance_type or self.device} {self.date}"
 
 
+def nearest(figures: list[tuple[float, int, str]], image_size: int) -> tuple[float, int, str]:
+    """Of ``(rate, measured at px, source)`` figures, the one measured at the image size nearest
+    ``image_size`` (by ratio: per-image costs do not scale with pixels at small sizes, so a
+    figure from far away misleads), the later one on a tie."""
+    return min(
+        enumerate(figures), key=lambda item: (abs(math.log(item[1][1] / image_size)), -item[0])
+    )[1]
+
+
 @dataclass(frozen=True)
 class Measured:
     """Everything the planner takes from measurements (or their priors), with provenance."""
@@ -104,22 +113,23 @@ class Measured:
     augment_candidates: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)
     """recipe -> every augmentation figure known (prior, benchmark outputs, hetero bench, in
     that order); ``augment_rate`` picks the one measured nearest the job's image size."""
+    receive_candidates: list[tuple[float, int, str]] = field(default_factory=list)
+    """Every receive figure known, in the same order; see ``receive_rate``."""
     server_images_per_s: dict[str, tuple[float, int, int, str]] = field(default_factory=dict)
     """recipe -> (images/s one server delivered, at this image side, with this many workers,
     where the figure comes from): measured by hetero bench only."""
 
     def augment_rate(self, recipe: str, image_size: int) -> tuple[float, int, str]:
         """(images/s per vCPU, measured at px, source) for ``recipe``: of the figures known, the
-        one measured at the image size nearest ``image_size`` (per-image costs do not scale
-        with pixels at small sizes), the later one on a tie; else ``augment_images_per_vcpu``."""
-        found = self.augment_candidates.get(recipe, [])
-        if not found:
-            return self.augment_images_per_vcpu[recipe]
-        ranked = sorted(
-            enumerate(found),
-            key=lambda item: (abs(math.log(item[1][1] / image_size)), -item[0]),
-        )
-        return ranked[0][1]
+        one measured nearest ``image_size`` (``nearest``); else ``augment_images_per_vcpu``."""
+        found = self.augment_candidates.get(recipe)
+        return nearest(found, image_size) if found else self.augment_images_per_vcpu[recipe]
+
+    def receive_rate(self, image_size: int) -> tuple[float, int, str]:
+        """(receive images/s per vCPU, measured at px, source): of the figures known, the one
+        measured nearest ``image_size``; else ``receive_images_per_vcpu``."""
+        found = self.receive_candidates
+        return nearest(found, image_size) if found else self.receive_images_per_vcpu
 
     def trainer_result(
         self,
@@ -153,20 +163,22 @@ class Measured:
 def load_measured(results_dir: Path = RESULTS_DIR) -> Measured:
     """Read every measured figure under ``results_dir``; priors fill what is not there.
     Precedence, per figure: ``hetero bench`` results (the newest), then the benchmark outputs,
-    then the priors."""
+    then the priors; for augmentation and receive rates, the figure measured nearest the job's
+    image size comes first (``Measured.augment_rate``, ``receive_rate``)."""
     dataprep = read_dataprep(results_dir / THROUGHPUT_FILE)
-    candidates: dict[str, list[tuple[float, int, str]]] = {}
-    for recipe, figure in _augmentation(results_dir, []).items():
-        candidates.setdefault(recipe, []).append(figure)
-    for r in dataprep:
-        candidates.setdefault(r.recipe, []).append(
+    augment = {recipe: [figure] for recipe, figure in _augmentation(results_dir).items()}
+    receive = [_receive(results_dir)]
+    for r in dataprep:  # Oldest first: the newest is last.
+        augment.setdefault(r.recipe, []).append(
             (r.images_per_s_per_vcpu, r.image_size, r.describe())
         )
+        receive.append((r.receive_images_per_s_per_vcpu, r.image_size, r.describe()))
     return Measured(
         throughput=tuple(read_throughput(results_dir / THROUGHPUT_FILE)),
-        augment_images_per_vcpu=_augmentation(results_dir, dataprep),
-        augment_candidates=candidates,
-        receive_images_per_vcpu=_receive(results_dir, dataprep),
+        augment_images_per_vcpu={recipe: figures[-1] for recipe, figures in augment.items()},
+        augment_candidates=augment,
+        receive_images_per_vcpu=receive[-1],
+        receive_candidates=receive,
         checkpoint_s3_s=_checkpoint(results_dir, "s3"),
         checkpoint_async_stall_s=_checkpoint(results_dir, "async"),
         server_images_per_s={
@@ -177,13 +189,21 @@ def load_measured(results_dir: Path = RESULTS_DIR) -> Measured:
     )
 
 
-def read_throughput(path: Path) -> list[ThroughputResult]:
-    """The results store's entries; [] when the file does not exist."""
+def _read_store(path: Path) -> dict[str, Any] | None:
+    """The results store as read, its format checked; None when the file does not exist."""
     data = _read_json(path)
     if data is None:
-        return []
+        return None
     if not isinstance(data, dict) or data.get("format") != THROUGHPUT_FORMAT:
         raise PlanError(f'{path}: expected an object with "format": "{THROUGHPUT_FORMAT}"')
+    return data
+
+
+def read_throughput(path: Path) -> list[ThroughputResult]:
+    """The results store's entries; [] when the file does not exist."""
+    data = _read_store(path)
+    if data is None:
+        return []
     entries = data.get("results")
     if not isinstance(entries, list):
         raise PlanError(f'{path}: "results" must be a list of measured results')
@@ -228,10 +248,9 @@ def read_throughput(path: Path) -> list[ThroughputResult]:
 
 def read_dataprep(path: Path) -> list[DataprepResult]:
     """The store's data-server entries, oldest first; [] when there are none."""
-    data = _read_json(path)
+    data = _read_store(path)
     if data is None:
         return []
-    read_throughput(path)  # The format check, with its message.
     entries = data.get("dataprep", [])
     if not isinstance(entries, list):
         raise PlanError(f'{path}: "dataprep" must be a list of measured data servers')
@@ -303,9 +322,8 @@ def _number(data: Any, *keys: str | int) -> float | None:
     return float(data)
 
 
-def _augmentation(
-    results_dir: Path, dataprep: list[DataprepResult]
-) -> dict[str, tuple[float, int, str]]:
+def _augmentation(results_dir: Path) -> dict[str, tuple[float, int, str]]:
+    """recipe -> the benchmark outputs' augmentation figure, else the prior's."""
     out = {
         recipe: (rate, 224, "prior (training/planner/priors.py)")
         for recipe, rate in priors.AUGMENT_IMAGES_PER_VCPU_PRIOR.items()
@@ -330,15 +348,11 @@ def _augmentation(
             int(size),
             "measured (benchmarks/results/offload.json)",
         )
-    for r in dataprep:  # Oldest first: the newest per recipe wins.
-        out[r.recipe] = (r.images_per_s_per_vcpu, r.image_size, r.describe())
     return out
 
 
-def _receive(results_dir: Path, dataprep: list[DataprepResult]) -> tuple[float, int, str]:
-    if dataprep:
-        r = dataprep[-1]
-        return r.receive_images_per_s_per_vcpu, r.image_size, r.describe()
+def _receive(results_dir: Path) -> tuple[float, int, str]:
+    """The data-plane benchmark's receive figure, else the prior's."""
     dataplane = _read_json(results_dir / "dataplane.json")
     cpu_s = _number(dataplane, "transport", "client_cpu_s_per_1000_images")
     size = _number(dataplane, "settings", "image_size")
