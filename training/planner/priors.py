@@ -263,8 +263,8 @@ SPOT_ADVISOR_SOURCE = (
 )
 """Where the offline interruption bands and Spot savings come from. The advisor
 (https://aws.amazon.com/ec2/spot/instance-advisor/) publishes them for the trailing month; its
-JSON feed (https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json) is what the
-advisor page reads, and is not a documented API, so the planner does not call it."""
+JSON feed (https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json) is not described
+in any AWS document found, so the planner does not call it."""
 # Spot Instance Advisor bands ("frequency of interruption": the share of Spot capacity of a type
 # that AWS reclaimed over the trailing month), and the rate the planner takes from each band
 # (*estimate*: the band's midpoint; ">20%" is taken as 25 %).
