@@ -76,11 +76,47 @@ class DatasetSource(StrEnum):
 
 
 class Recipe(StrEnum):
-    """Augmentation recipes: ``standard`` is decode + RandomResizedCrop + flip; ``randaugment``
-    adds timm's RandAugment on top (several times the CPU cost per image)."""
+    """Augmentation presets: ``standard`` is decode + RandomResizedCrop (ImageNet's scale
+    0.08-1) + horizontal flip; ``randaugment`` adds timm's RandAugment on top (several times the
+    CPU cost per image); ``none`` only resizes and centre-crops (pre-cropped data)."""
 
     STANDARD = "standard"
     RANDAUGMENT = "randaugment"
+    NONE = "none"
+
+
+class Interpolation(StrEnum):
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    NEAREST = "nearest"
+    RANDOM = "random"
+    """Training only: timm picks bilinear or bicubic per image."""
+
+
+class Optimizer(StrEnum):
+    """``timm.optim.create_optimizer_v2`` names offered by the spec."""
+
+    ADAMW = "adamw"
+    LAMB = "lamb"
+    SGD = "sgd"
+
+
+class Schedule(StrEnum):
+    """Learning-rate schedule after the linear warmup, from ``timm.scheduler``."""
+
+    COSINE = "cosine"
+    """Cosine decay to ``min_lr`` at the last step (``CosineLRScheduler``)."""
+    CONSTANT = "constant"
+    """The peak learning rate until the end."""
+
+
+class MixupMode(StrEnum):
+    BATCH = "batch"
+    PAIR = "pair"
+    ELEM = "elem"
+
+
+RANDOM_ERASING_MODES = ("const", "rand", "pixel")
 
 
 class Precision(StrEnum):
@@ -129,6 +165,10 @@ class ModelSpec:
     """Any timm model name (ViTs are what the project is tuned for)."""
     overrides: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``timm.create_model`` (e.g. ``depth``, ``embed_dim``, ``img_size``)."""
+    init: str | None = None
+    """Start from these weights: a ``model.safetensors`` (this project's export or any timm
+    file), a local path or an ``s3://`` URI; the classifier is re-initialised when its class
+    count differs."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +182,108 @@ class DatasetSpec:
     """Synthetic only (folders and S3 prefixes take theirs from the class sub-folders)."""
     image_size: int = 224
     """Side of the square crop the trainer receives."""
+    val_path: str | None = None
+    """Validation images beside the training ones: a folder (source ``folder``) or an
+    ``s3://`` prefix (source ``s3``) in the same layout, with the same class names."""
+    val_fraction: float = 0.0
+    """Or: hold out this share of the dataset for validation (a split seeded by
+    ``split_seed`` that never overlaps training); 0 with no ``val_path``: no validation."""
+    split_seed: int = 0
+    """Seed of the ``val_fraction`` split (kept apart from ``job.seed``, so changing the
+    training seed keeps the same validation set)."""
+
+    @property
+    def has_validation(self) -> bool:
+        return self.val_path is not None or self.val_fraction > 0
+
+
+@dataclass(frozen=True)
+class AugmentationSpec:
+    """The training transform: one of the ``Recipe`` presets, with any parameter of timm's
+    ``create_transform`` that matters set over it. ``None`` keeps the preset's value."""
+
+    preset: Recipe = Recipe.STANDARD
+    scale: tuple[float, float] | None = None
+    """RandomResizedCrop area range (preset: ImageNet's (0.08, 1.0))."""
+    ratio: tuple[float, float] | None = None
+    """RandomResizedCrop aspect range (preset: (3/4, 4/3))."""
+    hflip: float | None = None
+    """Horizontal flip probability (preset: 0.5)."""
+    vflip: float | None = None
+    """Vertical flip probability (preset: 0)."""
+    color_jitter: float | tuple[float, ...] | None = None
+    """Brightness/contrast/saturation[/hue] jitter; one number for the first three (preset:
+    none)."""
+    auto_augment: str | None = None
+    """A timm policy string (``rand-m9-mstd0.5-inc1``, ``augmix-m5-w4-d2``, ``original``...);
+    ``""`` for none (preset: RandAugment for ``randaugment``, none otherwise)."""
+    interpolation: Interpolation | None = None
+    """Resize interpolation (preset: bilinear)."""
+    re_prob: float = 0.0
+    """Random erasing probability, applied on the trainer's device after normalisation (as
+    timm's prefetcher does)."""
+    re_mode: str = "pixel"
+    """Random erasing fill: ``const``, ``rand`` or ``pixel``."""
+    re_count: int = 1
+    """At most this many erased boxes per image."""
+
+    @property
+    def is_preset(self) -> bool:
+        """True when nothing but the preset is set."""
+        return self == AugmentationSpec(preset=self.preset)
+
+    def describe(self) -> str:
+        """The preset name, or the preset with what is set over it."""
+        if self.is_preset:
+            return self.preset.value
+        changed = [
+            f"{f.name}={getattr(self, f.name)}"
+            for f in fields(self)
+            if f.name != "preset" and getattr(self, f.name) != getattr(AugmentationSpec, f.name)
+        ]
+        return f"{self.preset.value}({', '.join(changed)})"
+
+
+@dataclass(frozen=True)
+class MixupSpec:
+    """``timm.data.Mixup`` on the trainer's device; off while both alphas are 0."""
+
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    prob: float = 1.0
+    """Probability of mixing a batch (or a pair/element)."""
+    switch_prob: float = 0.5
+    """With both alphas on: probability of CutMix rather than Mixup."""
+    mode: MixupMode = MixupMode.BATCH
+
+    @property
+    def enabled(self) -> bool:
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+@dataclass(frozen=True)
+class EmaSpec:
+    """An exponential moving average of the weights (``timm.utils.ModelEmaV3``), evaluated
+    beside the raw weights and exported when on."""
+
+    decay: float = 0.0
+    """0: off; e.g. 0.999 for a few thousand steps, 0.9999 for long runs."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.decay > 0
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Validation: timm's eval transform (resize to ``image_size / crop_pct``, centre crop)."""
+
+    every_steps: int = 0
+    """Evaluate every N optimizer steps (0: only at the end); always at the end."""
+    crop_pct: float = 0.875
+    interpolation: Interpolation = Interpolation.BILINEAR
+    batch_size: int | None = None
+    """Per rank (default: ``job.batch_size``)."""
 
 
 @dataclass(frozen=True)
@@ -220,8 +362,26 @@ class JobSpec:
     """Optimizer steps to run (default 1000 when ``epochs`` is not set either)."""
     epochs: int | None = None
     lr: float = 1e-3
+    """Peak learning rate."""
     weight_decay: float = 0.05
+    """Not applied to norms, biases and embeddings (timm's parameter groups)."""
     warmup_steps: int = 0
+    """Linear warmup from 0 to ``lr``, counted in optimizer steps."""
+    optimizer: Optimizer = Optimizer.ADAMW
+    momentum: float = 0.9
+    """SGD only."""
+    schedule: Schedule = Schedule.COSINE
+    min_lr: float = 0.0
+    """The cosine schedule's floor (reached at the last step)."""
+    clip_grad_norm: float = 0.0
+    """Clip the gradients' total norm to this (0: off)."""
+    label_smoothing: float = 0.0
+    mixup: MixupSpec = field(default_factory=MixupSpec)
+    ema: EmaSpec = field(default_factory=EmaSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    accuracy_targets: tuple[float, ...] = ()
+    """Validation top-1 targets (0-1): the summary reports the step, time, samples and USD at
+    which each was first reached."""
     precision: Precision = Precision.BF16
     """bf16 autocast on GPU; CPU runs stay in fp32."""
     compile: bool = False
@@ -229,7 +389,8 @@ class JobSpec:
     seed: int = 0
     log_every_steps: int = 10
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
-    augmentation: Recipe = Recipe.STANDARD
+    augmentation: AugmentationSpec = field(default_factory=AugmentationSpec)
+    """A preset name (``augmentation = "standard"``) or a table (``[job.augmentation]``)."""
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     prices: PricesSpec = field(default_factory=PricesSpec)
@@ -451,6 +612,117 @@ def _parse_group(r: _Reader, t: Mapping[str, Any]) -> InstanceGroup | None:
     )
 
 
+def _fraction(
+    r: _Reader,
+    t: Mapping[str, Any],
+    key: str,
+    default: float,
+    *,
+    low: float = 0.0,
+    high: float = 1.0,
+    low_open: bool = False,
+) -> float:
+    """A float in [low, high] (or (low, high] with ``low_open``)."""
+    value = r.get(t, key, float, default)
+    if not isinstance(value, float):
+        return default
+    if not (low < value if low_open else low <= value) or not value <= high:
+        left = "(" if low_open else "["
+        r.problem(key, f"must be in {left}{low:g}, {high:g}], got {value:g}")
+        return default
+    return value
+
+
+def _pair(r: _Reader, t: Mapping[str, Any], key: str, *, low: float) -> tuple[float, float] | None:
+    raw = r.get(t, key, list, None)
+    if raw is None:
+        return None
+    if (
+        len(raw) != 2
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw)
+        or not low <= raw[0] <= raw[1]
+    ):
+        r.problem(key, f"expected [min, max] with {low:g} <= min <= max, got {raw!r}")
+        return None
+    return float(raw[0]), float(raw[1])
+
+
+def _parse_augmentation(r: _Reader, raw: Any) -> AugmentationSpec:
+    if isinstance(raw, str):
+        try:
+            return AugmentationSpec(preset=Recipe(raw))
+        except ValueError:
+            valid = ", ".join(repr(e.value) for e in Recipe)
+            r.problem(None, f"{raw!r} is not a preset; use one of {valid} or a table")
+            return AugmentationSpec()
+    if not isinstance(raw, dict):
+        r.problem(None, f"expected a preset name or a table, got {type(raw).__name__}")
+        return AugmentationSpec()
+    r.check_keys(raw, AugmentationSpec)
+    preset = r.choice(raw, "preset", Recipe, Recipe.STANDARD)
+    scale = _pair(r, raw, "scale", low=0.0)
+    if scale is not None and not (scale[0] > 0 and scale[1] <= 1):
+        r.problem("scale", f"area shares must be in (0, 1], got {list(scale)}")
+    ratio = _pair(r, raw, "ratio", low=0.0)
+    if ratio is not None and ratio[0] <= 0:
+        r.problem("ratio", f"aspect ratios must be positive, got {list(ratio)}")
+    hflip = _fraction(r, raw, "hflip", -1.0, low=0.0) if "hflip" in raw else None
+    vflip = _fraction(r, raw, "vflip", -1.0, low=0.0) if "vflip" in raw else None
+    jitter: float | tuple[float, ...] | None = None
+    if "color_jitter" in raw:
+        cj = raw["color_jitter"]
+        if isinstance(cj, int | float) and not isinstance(cj, bool) and cj >= 0:
+            jitter = float(cj)
+        elif (
+            isinstance(cj, list)
+            and len(cj) in (3, 4)
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in cj)
+        ):
+            jitter = tuple(float(v) for v in cj)
+        else:
+            r.problem(
+                "color_jitter",
+                f"expected a number >= 0 or [brightness, contrast, saturation(, hue)], got {cj!r}",
+            )
+    auto = r.get(raw, "auto_augment", str, None)
+    if auto and not re.fullmatch(
+        r"(rand|augmix|original|originalr|v0|v0r|3a)(-[a-z]+[\d.]*)*", auto
+    ):
+        r.problem(
+            "auto_augment",
+            f"{auto!r} is not a timm policy; use e.g. 'rand-m9-mstd0.5-inc1', 'augmix-m5-w4-d2', "
+            "'original', '3a' or '' for none",
+        )
+    interp = r.choice(raw, "interpolation", Interpolation, None)
+    re_mode = r.get(raw, "re_mode", str, "pixel")
+    if re_mode not in RANDOM_ERASING_MODES:
+        r.problem("re_mode", f"{re_mode!r} is not valid; use one of {RANDOM_ERASING_MODES}")
+        re_mode = "pixel"
+    spec = AugmentationSpec(
+        preset=preset,
+        scale=scale,
+        ratio=ratio,
+        hflip=hflip,
+        vflip=vflip,
+        color_jitter=jitter,
+        auto_augment=auto,
+        interpolation=interp,
+        re_prob=_fraction(r, raw, "re_prob", 0.0),
+        re_mode=re_mode,
+        re_count=r.positive(raw, "re_count", 1),
+    )
+    if preset is Recipe.NONE:
+        crop_keys = [k for k in ("scale", "ratio", "hflip", "vflip", "color_jitter", "auto_augment")
+                     if k in raw]  # fmt: skip
+        if crop_keys:
+            r.problem(
+                "preset",
+                f"'none' only resizes and centre-crops, so {', '.join(crop_keys)} would be "
+                "ignored; use preset = 'standard' to set them, or remove them",
+            )
+    return spec
+
+
 def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
     r.check_keys(t, JobSpec)
     d = JobSpec()
@@ -459,7 +731,13 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
     with r.at("model"):
         r.check_keys(model_t, ModelSpec)
         overrides = r.table(model_t, "overrides")
-        model = ModelSpec(name=r.get(model_t, "name", str, d.model.name), overrides=overrides)
+        init = r.get(model_t, "init", str, None)
+        if init is not None and not init.strip():
+            r.problem("init", "empty; give a model.safetensors path or s3:// URI, or remove it")
+            init = None
+        model = ModelSpec(
+            name=r.get(model_t, "name", str, d.model.name), overrides=overrides, init=init
+        )
 
     ds_t = r.table(t, "dataset")
     with r.at("dataset"):
@@ -470,12 +748,95 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
             r.problem("path", "source 'folder' needs path = a folder of class sub-folders")
         if source is DatasetSource.S3 and not (path and path.startswith("s3://")):
             r.problem("path", "source 's3' needs path = 's3://bucket/prefix/'")
+        val_path = r.get(ds_t, "val_path", str, None)
+        val_fraction = _fraction(r, ds_t, "val_fraction", 0.0, high=0.5)
+        if val_path is not None:
+            if val_fraction:
+                r.problem(
+                    "val_fraction",
+                    "set either val_path (a validation folder or prefix) or val_fraction "
+                    "(a held-out share of the dataset), not both",
+                )
+            if source is DatasetSource.SYNTHETIC:
+                r.problem("val_path", "source 'synthetic' has no folder; use val_fraction")
+            elif source is DatasetSource.S3 and not val_path.startswith("s3://"):
+                r.problem("val_path", "source 's3' needs val_path = 's3://bucket/prefix/'")
+            elif source is DatasetSource.FOLDER and val_path.startswith("s3://"):
+                r.problem("val_path", "source 'folder' needs val_path = a local folder")
+            elif val_path.rstrip("/") == (path or "").rstrip("/"):
+                r.problem("val_path", "is the training path; validation must be other images")
         dataset = DatasetSpec(
             source=source,
             path=path,
             num_samples=r.positive(ds_t, "num_samples", d.dataset.num_samples),
             num_classes=r.positive(ds_t, "num_classes", d.dataset.num_classes),
             image_size=r.positive(ds_t, "image_size", d.dataset.image_size, minimum=16),
+            val_path=val_path,
+            val_fraction=val_fraction,
+            split_seed=r.get(ds_t, "split_seed", int, d.dataset.split_seed),
+        )
+
+    with r.at("augmentation"):
+        augmentation = (
+            _parse_augmentation(r, t["augmentation"]) if "augmentation" in t else d.augmentation
+        )
+
+    mx_t = r.table(t, "mixup")
+    with r.at("mixup"):
+        r.check_keys(mx_t, MixupSpec)
+        alphas = {}
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            alphas[key] = r.get(mx_t, key, float, 0.0)
+            if alphas[key] < 0:
+                r.problem(key, f"must be >= 0 (0: off), got {alphas[key]:g}")
+                alphas[key] = 0.0
+        mixup = MixupSpec(
+            mixup_alpha=alphas["mixup_alpha"],
+            cutmix_alpha=alphas["cutmix_alpha"],
+            prob=_fraction(r, mx_t, "prob", d.mixup.prob),
+            switch_prob=_fraction(r, mx_t, "switch_prob", d.mixup.switch_prob),
+            mode=r.choice(mx_t, "mode", MixupMode, d.mixup.mode),
+        )
+        if mx_t and not mixup.enabled:
+            r.problem(None, "set mixup_alpha and/or cutmix_alpha above 0, or remove [job.mixup]")
+
+    ema_t = r.table(t, "ema")
+    with r.at("ema"):
+        r.check_keys(ema_t, EmaSpec)
+        if ema_t and "decay" not in ema_t:
+            r.problem("decay", "missing; e.g. decay = 0.999 (0 or no [job.ema]: no EMA)")
+        ema = EmaSpec(decay=_fraction(r, ema_t, "decay", 0.0, high=0.999999))
+
+    ev_t = r.table(t, "eval")
+    with r.at("eval"):
+        r.check_keys(ev_t, EvalSpec)
+        eval_batch = r.positive(ev_t, "batch_size", 0) if "batch_size" in ev_t else None
+        evaluation = EvalSpec(
+            every_steps=r.positive(ev_t, "every_steps", d.eval.every_steps, minimum=0),
+            crop_pct=_fraction(r, ev_t, "crop_pct", d.eval.crop_pct, low_open=True),
+            interpolation=r.choice(ev_t, "interpolation", Interpolation, d.eval.interpolation),
+            batch_size=eval_batch or None,
+        )
+        if evaluation.interpolation is Interpolation.RANDOM:
+            r.problem("interpolation", "'random' is for training; use bilinear or bicubic")
+        if ev_t and not dataset.has_validation:
+            r.problem(
+                None,
+                "no validation set to evaluate on; set job.dataset.val_path or "
+                "job.dataset.val_fraction",
+            )
+
+    targets_raw = r.get(t, "accuracy_targets", list, [])
+    targets: list[float] = []
+    for i, v in enumerate(targets_raw):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+            r.problem(f"accuracy_targets[{i}]", f"expected a top-1 share in (0, 1], got {v!r}")
+        else:
+            targets.append(float(v))
+    if targets and not dataset.has_validation:
+        r.problem(
+            "accuracy_targets",
+            "need a validation set; set job.dataset.val_path or job.dataset.val_fraction",
         )
 
     ck_t = r.table(t, "checkpoint")
@@ -570,21 +931,48 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
     lr = r.get(t, "lr", float, d.lr)
     if lr <= 0:
         r.problem("lr", f"must be positive, got {lr}")
+    min_lr = r.get(t, "min_lr", float, d.min_lr)
+    if not 0 <= min_lr <= lr:
+        r.problem("min_lr", f"must be in [0, lr = {lr:g}], got {min_lr:g}")
+        min_lr = 0.0
+    weight_decay = r.get(t, "weight_decay", float, d.weight_decay)
+    if weight_decay < 0:
+        r.problem("weight_decay", f"must be >= 0, got {weight_decay:g}")
+    clip = r.get(t, "clip_grad_norm", float, d.clip_grad_norm)
+    if clip < 0:
+        r.problem("clip_grad_norm", f"must be > 0 (or 0: no clipping), got {clip:g}")
+    batch_size = r.positive(t, "batch_size", d.batch_size)
+    if mixup.enabled and mixup.mode is not MixupMode.ELEM and batch_size % 2:
+        r.problem(
+            "batch_size",
+            f"{batch_size} is odd, but mixup/cutmix mode '{mixup.mode}' mixes a batch with its "
+            "reverse in pairs; use an even batch_size",
+        )
     return JobSpec(
         model=model,
-        batch_size=r.positive(t, "batch_size", d.batch_size),
+        batch_size=batch_size,
         grad_accum_steps=r.positive(t, "grad_accum_steps", d.grad_accum_steps),
         steps=steps or None,
         epochs=epochs or None,
         lr=lr,
-        weight_decay=r.get(t, "weight_decay", float, d.weight_decay),
+        weight_decay=weight_decay,
         warmup_steps=r.positive(t, "warmup_steps", d.warmup_steps, minimum=0),
+        optimizer=r.choice(t, "optimizer", Optimizer, d.optimizer),
+        momentum=_fraction(r, t, "momentum", d.momentum),
+        schedule=r.choice(t, "schedule", Schedule, d.schedule),
+        min_lr=min_lr,
+        clip_grad_norm=clip,
+        label_smoothing=_fraction(r, t, "label_smoothing", d.label_smoothing, high=0.5),
+        mixup=mixup,
+        ema=ema,
+        eval=evaluation,
+        accuracy_targets=tuple(sorted(set(targets))),
         precision=r.choice(t, "precision", Precision, d.precision),
         compile=r.get(t, "compile", bool, d.compile),
         seed=r.get(t, "seed", int, d.seed),
         log_every_steps=r.positive(t, "log_every_steps", d.log_every_steps),
         dataset=dataset,
-        augmentation=r.choice(t, "augmentation", Recipe, d.augmentation),
+        augmentation=augmentation,
         checkpoint=checkpoint,
         parallelism=parallelism,
         prices=prices,
@@ -647,6 +1035,13 @@ def parse_spec(data: Mapping[str, Any], source: str = "cluster spec") -> Cluster
                     f"({tg.count} instances x {tg.ranks_per_instance}); make the product {world}",
                 )
 
+    if job.ema.enabled and job.parallelism.strategy is not Parallelism.DDP:
+        r.problem(
+            "job.ema",
+            f"weight EMA keeps a full copy of the model on every rank, which strategy "
+            f"'{job.parallelism.strategy}' exists to avoid; use strategy = 'ddp' or remove "
+            "[job.ema]",
+        )
     if r.problems:
         raise SpecError(r.problems, source)
     return ClusterSpec(
@@ -656,6 +1051,16 @@ def parse_spec(data: Mapping[str, Any], source: str = "cluster spec") -> Cluster
         availability_zone_index=az_index,
         source=source,
     )
+
+
+def parse_augmentation(raw: Any, source: str = "augmentation") -> AugmentationSpec:
+    """An ``AugmentationSpec`` from a preset name or a table (as in ``job.augmentation``);
+    raises ``SpecError`` naming each bad field."""
+    r = _Reader()
+    spec = _parse_augmentation(r, raw)
+    if r.problems:
+        raise SpecError(r.problems, source)
+    return spec
 
 
 def load_spec(path: str | Path | None = None) -> ClusterSpec:

@@ -38,6 +38,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"model {job.model.name}, batch {job.batch_size}/rank x {spec.world_size} ranks, "
         f"{job.parallelism.strategy.value}, dataset {job.dataset.source.value}, "
-        f"augmentation {job.augmentation.value}; cluster {spec.usd_per_hour():.2f} USD/h"
+        f"augmentation {job.augmentation.describe()}; cluster {spec.usd_per_hour():.2f} USD/h"
     )
     return 0

@@ -54,6 +54,15 @@ def test_streams_the_epoch_order_in_batches(channel: grpc.Channel) -> None:
         ({"start": 5, "stop": 2, "batch_size": 4}, "empty range"),
         ({"start": 0, "stop": 97, "batch_size": 4}, "beyond the epoch: the dataset has 96"),
         ({"start": 0, "stop": 8, "batch_size": 4, "recipe": "mixup"}, "unknown recipe 'mixup'"),
+        (
+            {"start": 0, "stop": 8, "batch_size": 4, "recipe": '{"train": {"hflip": 2}}'},
+            "hflip: must be in [0, 1], got 2",
+        ),
+        (
+            {"start": 0, "stop": 8, "batch_size": 4, "recipe": '{"eval": {"crop_pct": 0}}'},
+            "crop_pct must be in (0, 1]",
+        ),
+        ({"start": 0, "stop": 8, "batch_size": 4, "recipe": "{not json"}, "not valid JSON"),
         ({"start": 0, "stop": 8, "batch_size": 4, "image_size": 8}, "image_size must be"),
         ({"start": 0, "stop": 8, "batch_size": 100_000, "image_size": 224}, "use at most"),
     ],
@@ -69,6 +78,39 @@ def test_bad_request_is_invalid_argument_and_server_keeps_serving(
     # The same server still serves a good request.
     good = list(stub.StreamBatches(pb.StreamBatchesRequest(stop=4, batch_size=4), timeout=30))
     assert len(good) == 1 and len(good[0].sample_ids) == 4
+
+
+def test_table_and_eval_recipes_are_served_as_the_local_transform_makes_them(
+    channel: grpc.Channel, small_source: AugmentingBatchSource
+) -> None:
+    """A recipe table and the eval transform travel as JSON; the eval transform has no
+    randomness, so the server makes exactly the pixels it makes here."""
+    from training.data.augment import augment_samples
+    from training.data.order import epoch_order
+    from training.data.transforms import (
+        EvalTransform,
+        build_transform,
+        encode_recipe,
+    )
+    from training.spec import parse_augmentation
+
+    stub = pb_grpc.DataPlaneStub(channel)
+    ev = EvalTransform(crop_pct=0.9)
+    batches = list(
+        stub.StreamBatches(
+            pb.StreamBatchesRequest(seed=3, stop=8, batch_size=8, recipe=encode_recipe(ev)),
+            timeout=30,
+        )
+    )
+    ids = epoch_order(3, 0, 96)[:8].tolist()
+    expected = augment_samples(small_source._source, build_transform(ev, 32), ids, 32)
+    got = np.frombuffer(batches[0].pixels, dtype=np.uint8).reshape(8, 3, 32, 32)
+    assert list(batches[0].sample_ids) == ids
+    assert np.array_equal(got, expected.pixels)
+    table = parse_augmentation({"preset": "standard", "scale": [0.9, 1.0], "hflip": 0.0})
+    request = pb.StreamBatchesRequest(seed=3, stop=8, batch_size=8, recipe=encode_recipe(table))
+    (batch,) = list(stub.StreamBatches(request, timeout=30))
+    assert list(batch.sample_ids) == ids and list(batch.shape) == [8, 3, 32, 32]
 
 
 def _is_serving(channel: grpc.Channel) -> bool:
@@ -143,7 +185,7 @@ def test_shutdown_with_zero_grace_uses_the_default(small_source: AugmentingBatch
 def test_get_info(channel: grpc.Channel) -> None:
     info = pb_grpc.DataPlaneStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5)
     assert (info.num_samples, info.num_classes, info.image_size) == (96, 10, 32)
-    assert list(info.recipes) == ["standard", "randaugment"]
+    assert list(info.recipes) == ["standard", "randaugment", "none"]
     assert info.default_recipe == "standard" and info.max_message_bytes > 5_000_000
 
 

@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from training.data.augment import AugmentedSamples
 from training.data.order import batch_seed, epoch_order
+from training.data.transforms import decode_recipe, encode_recipe
 from training.dataplane.budget import MB, ByteBudget, default_memory_budget_bytes
 from training.dataplane.sources import AugmentingBatchSource, BatchSource, BatchWork
 from training.dataplane.v1 import dataplane_pb2
@@ -173,9 +174,11 @@ class DataPlaneServicer:
             )
         if request.stop > n:
             return f"stop ({request.stop}) is beyond the epoch: the dataset has {n} samples"
-        valid = [r.value for r in Recipe]
-        if request.recipe and request.recipe not in valid:
-            return f"unknown recipe {request.recipe!r}; use one of {', '.join(valid)}"
+        if request.recipe:
+            try:
+                decode_recipe(request.recipe)
+            except ValueError as e:
+                return f"recipe: {e}"
         size = request.image_size or self._source.image_size
         if not 16 <= size <= 1024:
             return f"image_size must be between 16 and 1024, got {size}"
@@ -261,7 +264,7 @@ class DataPlaneServicer:
         if problem is not None:
             log.warning("refused StreamBatches from %s: %s", context.peer(), problem)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        recipe = Recipe(request.recipe) if request.recipe else self._source.default_recipe
+        recipe = decode_recipe(request.recipe) if request.recipe else self._source.default_recipe
         size = request.image_size or self._source.image_size
         order = self._order(request.seed, request.epoch)
         pending: collections.deque[tuple[int, int, int, futures.Future[AugmentedSamples]]] = (
@@ -337,7 +340,7 @@ class DataPlaneServicer:
             num_samples=self._source.num_samples,
             num_classes=self._source.num_classes,
             image_size=self._source.image_size,
-            default_recipe=self._source.default_recipe.value,
+            default_recipe=encode_recipe(self._source.default_recipe),
             recipes=[r.value for r in Recipe],
             max_message_bytes=self._max_message_bytes,
             workers=self._source.workers,
@@ -464,7 +467,7 @@ def create_server(
         bound,
         source.num_samples,
         source.image_size,
-        source.default_recipe.value,
+        encode_recipe(source.default_recipe),
         source.workers,
         budget.limit // MB,
     )

@@ -20,9 +20,9 @@ import torch
 
 from training.data.augment import AugmentedSamples, augment_samples
 from training.data.datasets import ImageSource, build_dataset
-from training.data.transforms import Transform, build_transform
+from training.data.transforms import Transform, TransformSpec, build_transform
 from training.dataplane.lifetime import init_worker_lifetime, start_guarded_forkserver
-from training.spec import DatasetSpec, Recipe
+from training.spec import AugmentationSpec, DatasetSpec, Recipe
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class BatchWork:
     for its random augmentation."""
 
     indices: tuple[int, ...]
-    recipe: Recipe
+    recipe: TransformSpec
     image_size: int
     rng_seed: int
 
@@ -44,7 +44,7 @@ class BatchSource(Protocol):
     num_samples: int
     num_classes: int
     image_size: int
-    default_recipe: Recipe
+    default_recipe: TransformSpec
     workers: int
 
     def submit(self, work: BatchWork) -> Future[AugmentedSamples]: ...
@@ -65,7 +65,7 @@ def _worker_source(spec: DatasetSpec) -> ImageSource:
 
 
 @functools.cache
-def _worker_transform(recipe: Recipe, image_size: int) -> Transform:
+def _worker_transform(recipe: TransformSpec, image_size: int) -> Transform:
     return build_transform(recipe, image_size)
 
 
@@ -104,13 +104,15 @@ class AugmentingBatchSource:
         self,
         dataset: DatasetSpec,
         *,
-        recipe: Recipe = Recipe.STANDARD,
+        recipe: TransformSpec | Recipe = Recipe.STANDARD,
         workers: int = 0,
         processes: bool = True,
         source: ImageSource | None = None,
     ) -> None:
         self.dataset = dataset
-        self.default_recipe = Recipe(recipe)
+        self.default_recipe: TransformSpec = (
+            AugmentationSpec(preset=Recipe(recipe)) if isinstance(recipe, str) else recipe
+        )
         self.image_size = dataset.image_size
         self.workers = workers if workers > 0 else available_cores()
         self._processes = processes
@@ -173,7 +175,7 @@ class PremadeBatchSource:
         self.num_samples = num_samples
         self.num_classes = num_classes
         self.image_size = image_size
-        self.default_recipe = Recipe.STANDARD
+        self.default_recipe: TransformSpec = AugmentationSpec()
         self.workers = 0
         rng = np.random.default_rng(0)
         self._pixels = rng.integers(0, 256, (max_batch, 3, image_size, image_size), dtype=np.uint8)

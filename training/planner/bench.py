@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.data.transforms import encode_recipe
 from training.planner.errors import PlanError
 from training.planner.results import RESULTS_DIR, THROUGHPUT_FILE, THROUGHPUT_FORMAT
 from training.spec import ClusterSpec, load_spec
@@ -281,7 +282,7 @@ def measure_dataprep(
                 prefetch_batches=dp.prefetch_batches,
                 chunk_batches=dp.chunk_batches,
                 streams_per_server=dp.streams_per_server,
-                recipe=job.augmentation.value,
+                recipe=encode_recipe(job.augmentation),
                 image_size=job.dataset.image_size,
             ) as client,
         ):
@@ -393,7 +394,7 @@ def dataprep_record(
     return {
         **common,
         "device": f"{cpu_model()} x{len(cores)}",
-        "recipe": job.augmentation.value,
+        "recipe": job.augmentation.describe(),
         "dataset": job.dataset.source.value,
         "images_per_s_per_vcpu": d.images_per_s_per_vcpu,
         "receive_images_per_s_per_vcpu": d.receive_images_per_s_per_vcpu,
@@ -472,7 +473,7 @@ def _run(args: argparse.Namespace) -> int:
         trainer_entries.append(trainer_record(spec, t, common))
     if args.only in (None, "dataprep"):
         print(
-            f"data server: {job.augmentation.value} at {job.dataset.image_size} px on cores "
+            f"data server: {job.augmentation.describe()} at {job.dataset.image_size} px on cores "
             f"{server_cores}, {args.batches} batches ...",
             flush=True,
         )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from training.data import Batch
+from training.data.transforms import encode_recipe
 from training.dataplane.client import DataPlaneClient, DataWaitInterrupted
 from training.dataplane.discovery import parse_discovery
 from training.trainer.config import TrainerConfig
@@ -39,7 +40,7 @@ class DataPlaneBatches:
             rpc_timeout_s=dp.rpc_timeout_s,
             refresh_s=dp.refresh_s,
             wait_for_data_s=dp.wait_for_data_s,
-            recipe=job.augmentation.value,
+            recipe=encode_recipe(job.augmentation),
             image_size=job.dataset.image_size,
         )
         # Start with the servers that are up (a late one joins when healthy), waiting for the
