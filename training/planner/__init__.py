@@ -9,6 +9,7 @@ One module per concern, in the order a plan uses them:
 - ``candidates``: the configurations to compare (``--compare`` strings or the spec's types);
 - ``throughput``, ``network``, ``dataplane``, ``preemption``: one term of the model each;
 - ``prices`` and ``placement``: live AWS data where credentials exist, offline tables otherwise;
+- ``target``: an accuracy target's samples, given or read from a finished run's summary.json;
 - ``evaluate``: one configuration end to end, the ranking and the Pareto front;
 - ``report``: table, CSV, JSON and plot; ``specfile``: the winner written into a spec;
 - ``cli``: the command.

@@ -3,8 +3,11 @@
     hetero plan --spec cluster.toml --out runs/plan [--offline] [--region R]
                 [--compare "4 x g5.xlarge spot" "1 x g5.12xlarge on-demand" ...]
                 [--samples N] [--write-spec FILE]
+                [--samples-to-target N | --from-run RUN/summary.json [--target T]]
 
-Writes OUT/plan.csv, OUT/plan.json and OUT/plan.png and prints the ranked table. Live prices
+Writes OUT/plan.csv, OUT/plan.json and OUT/plan.png and prints the ranked table. With an
+accuracy target (its samples given, or read from a finished run's summary.json), every row also
+gets the expected hours and USD to reach it, and rows rank by that USD. Live prices
 and Spot placement scores are used where AWS credentials exist (read-only calls:
 pricing:GetProducts, ec2:DescribeSpotPriceHistory, ec2:GetSpotPlacementScores,
 ec2:DescribeAvailabilityZones, ec2:DescribeSubnets); otherwise, or with --offline, the dated
@@ -28,6 +31,7 @@ from training.planner.facts import Facts
 from training.planner.placement import Placement, best_placement, zones
 from training.planner.prices import PRICING_REGION, PriceBook, live_on_demand, live_spot
 from training.planner.results import RESULTS_DIR, load_measured
+from training.planner.target import Target, from_run, from_samples
 from training.planner.workload import workload_from_spec
 from training.spec import ClusterSpec, Efa, Market, load_spec
 
@@ -58,6 +62,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--samples", type=int, help="samples to train (default: from the spec's steps or epochs)"
     )
     parser.add_argument("--write-spec", metavar="FILE", help="write the winner into a spec copy")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
+        "--samples-to-target",
+        type=int,
+        metavar="N",
+        help="training samples needed to reach the target accuracy: adds expected hours and USD "
+        "to target, and ranks by that USD",
+    )
+    target.add_argument(
+        "--from-run",
+        metavar="PATH",
+        help="read the samples to target from a finished run's summary.json (or its folder)",
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        metavar="T",
+        help="with --from-run: the accuracy target to use (default: the highest reached)",
+    )
     parser.add_argument(
         "--results", default=str(RESULTS_DIR), help="benchmark results folder (measured figures)"
     )
@@ -141,8 +164,10 @@ def make_plan(
     now: datetime.datetime | None = None,
     facts: Facts | None = None,
     notes: Sequence[str] = (),
+    target: Target | None = None,
 ) -> Plan:
-    """The ranked plan; live prices and scores when ``ec2`` and ``pricing`` clients are given."""
+    """The ranked plan; live prices and scores when ``ec2`` and ``pricing`` clients are given;
+    ranked by expected USD to ``target`` when one is given."""
     now = now or datetime.datetime.now(datetime.UTC)
     facts = facts or Facts()
     workload = workload_from_spec(spec, samples)
@@ -167,6 +192,7 @@ def make_plan(
         policy,
         placements,
         trainer_efa_required=spec.trainer_group.efa is Efa.ON,
+        samples_to_target=target.samples if target else None,
     )
     return Plan(
         rows=rows,
@@ -181,7 +207,22 @@ def make_plan(
         dataprep_policy=policy,
         facts=facts,
         notes=all_notes,
+        target=target,
     )
+
+
+def accuracy_target(args: argparse.Namespace) -> Target | None:
+    """The target from --samples-to-target or --from-run [--target], if either is given."""
+    if args.target is not None and args.from_run is None:
+        raise PlanError(
+            "--target needs --from-run RUN/summary.json (the run's summary says how many samples "
+            "reached it); to give the samples yourself, use --samples-to-target N"
+        )
+    if args.samples_to_target is not None:
+        return from_samples(args.samples_to_target)
+    if args.from_run is not None:
+        return from_run(Path(args.from_run), args.target)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,6 +238,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.samples is not None and args.samples < 1:
         raise PlanError(f"--samples must be at least 1, got {args.samples}")
+    target = accuracy_target(args)
     spec = load_spec(args.spec)
     ec2 = pricing = None
     notes: list[str] = []
@@ -226,6 +268,7 @@ def _run(args: argparse.Namespace) -> int:
         ec2=ec2,
         pricing=pricing,
         notes=notes,
+        target=target,
     )
     report.print_table(plan)
     paths = report.write_outputs(plan, Path(args.out))

@@ -9,7 +9,13 @@ For a configuration (N x type, market; a dataprep group planned or given):
 4. under Spot, expected efficiency and checkpoint interval (``preemption``):
    ``expected samples/s = nominal x efficiency`` (On-Demand: efficiency 1);
 5. ``samples per dollar = samples/s x 3600 / (USD per hour)``, nominal and expected; time and
-   cost to train the spec's samples at the expected rate.
+   cost to train the spec's samples at the expected rate;
+6. with an accuracy target (``target``): the same time and cost for the samples it needs,
+   ``hours = samples / expected samples/s / 3600`` and ``USD = hours x USD per hour``.
+
+Rows rank by expected samples per dollar, or, with a target, by expected USD to reach it. For
+one sample count the two orders agree (``USD to target = samples / expected samples per
+dollar``); the target puts a price and a time on the order.
 
 A configuration is excluded only when it cannot run at all (EFA the spec requires is missing,
 too few CPUs, no progress under preemption); a network-bound one keeps its slower rank.
@@ -35,6 +41,7 @@ from training.planner.placement import Placement
 from training.planner.preemption import Preemption, preemption
 from training.planner.prices import Price, PriceBook
 from training.planner.results import Measured
+from training.planner.target import Target
 from training.planner.throughput import GpuThroughput, gpu_throughput
 from training.planner.workload import Workload
 from training.spec import Market
@@ -68,6 +75,8 @@ class PlanRow:
     placement: Placement | None
     samples_to_train: int | None
     notes: tuple[str, ...] = ()
+    samples_to_target: int | None = None
+    """Training samples needed to reach the accuracy target, when one is given."""
 
     @property
     def label(self) -> str:
@@ -87,16 +96,32 @@ class PlanRow:
     def expected_samples_per_usd(self) -> float:
         return self.expected_samples_per_s * 3600 / self.usd_per_hour
 
+    def expected_hours(self, samples: int | None) -> float | None:
+        """Hours to train ``samples`` at the expected (preemption-adjusted) rate."""
+        if samples is None:
+            return None
+        return samples / self.expected_samples_per_s / 3600
+
+    def expected_usd(self, samples: int | None) -> float | None:
+        """USD to train ``samples``: their expected hours x USD per hour of both groups."""
+        hours = self.expected_hours(samples)
+        return None if hours is None else hours * self.usd_per_hour
+
     @property
     def hours_to_train(self) -> float | None:
-        if self.samples_to_train is None:
-            return None
-        return self.samples_to_train / self.expected_samples_per_s / 3600
+        return self.expected_hours(self.samples_to_train)
 
     @property
     def usd_to_train(self) -> float | None:
-        hours = self.hours_to_train
-        return None if hours is None else hours * self.usd_per_hour
+        return self.expected_usd(self.samples_to_train)
+
+    @property
+    def hours_to_target(self) -> float | None:
+        return self.expected_hours(self.samples_to_target)
+
+    @property
+    def usd_to_target(self) -> float | None:
+        return self.expected_usd(self.samples_to_target)
 
 
 @dataclass(frozen=True)
@@ -121,6 +146,8 @@ class Plan:
     facts: Facts
     notes: list[str] = field(default_factory=list)
     """Plan-wide notes (fallbacks to offline data, missing credentials)."""
+    target: Target | None = None
+    """The accuracy target the rows are ranked by, if any."""
 
 
 def spot_score_groups(
@@ -147,6 +174,7 @@ def evaluate(
     dataprep_policy: DataprepPolicy,
     placement: Placement | None = None,
     trainer_efa_required: bool = False,
+    samples_to_target: int | None = None,
 ) -> PlanRow | Excluded:
     """Evaluate one configuration (see the module docstring for every step)."""
     trainer = candidate.trainer
@@ -241,6 +269,7 @@ def evaluate(
         placement=placement,
         samples_to_train=workload.samples_to_train,
         notes=tuple(notes),
+        samples_to_target=samples_to_target,
     )
 
 
@@ -253,8 +282,10 @@ def rank(
     dataprep_policy: DataprepPolicy,
     placements: Mapping[tuple[int, int], Placement] | None = None,
     trainer_efa_required: bool = False,
+    samples_to_target: int | None = None,
 ) -> tuple[list[PlanRow], list[Excluded]]:
-    """Evaluate every candidate; rows best first by expected samples per dollar."""
+    """Evaluate every candidate; rows best first by expected samples per dollar, or, given
+    ``samples_to_target``, by expected USD to reach the target (cheapest first)."""
     rows: list[PlanRow] = []
     excluded: list[Excluded] = []
     for c in candidates:
@@ -263,19 +294,38 @@ def rank(
             key = (facts.instance(c.trainer.instance_type).gpus, c.trainer.count)
             placement = placements.get(key)
         result = evaluate(
-            c, workload, facts, measured, prices, dataprep_policy, placement, trainer_efa_required
+            c,
+            workload,
+            facts,
+            measured,
+            prices,
+            dataprep_policy,
+            placement,
+            trainer_efa_required,
+            samples_to_target,
         )
         if isinstance(result, Excluded):
             excluded.append(result)
         else:
             rows.append(result)
-    rows.sort(key=lambda r: -r.expected_samples_per_usd)
+    if samples_to_target is None:
+        rows.sort(key=lambda r: -r.expected_samples_per_usd)
+    else:
+        rows.sort(key=_usd_to_target)
     return rows, excluded
+
+
+def _usd_to_target(row: PlanRow) -> float:
+    usd = row.usd_to_target
+    assert usd is not None  # rank() gave every row the target's samples
+    return usd
 
 
 def pareto_front(rows: Sequence[PlanRow]) -> set[int]:
     """Indices of the rows no other row beats on both time to train (or, with no sample count,
-    seconds per sample) and expected samples per dollar."""
+    seconds per sample) and expected samples per dollar. Hours and USD to a target are the same
+    two figures scaled (one sample count for every row), so this is also the front on USD to
+    target against hours to target."""
 
     def time_of(r: PlanRow) -> float:
         hours = r.hours_to_train

@@ -1,7 +1,8 @@
 """The plan's outputs: a rich table, plan.csv, plan.json and plan.png, all with the price date.
 
 The CSV and JSON hold the same rows as the table (JSON adds every intermediate figure); the plot
-shows expected samples per dollar against time to train with the Pareto front marked.
+shows expected samples per dollar against time to train, or, with an accuracy target, expected
+USD to target against hours to target, with the Pareto front marked.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import csv
 import io
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,9 @@ COLUMNS = (
     "samples_per_usd_expected",
     "hours_to_train",
     "usd_to_train",
+    "samples_to_target",
+    "hours_to_target",
+    "usd_to_target",
     "dataprep_vcpus_per_gpu",
     "network_bound",
     "checkpoint_every_steps",
@@ -59,6 +64,10 @@ def row_record(rank: int, r: PlanRow) -> dict[str, Any]:
         "samples_per_usd_expected": round(r.expected_samples_per_usd, 1),
         "hours_to_train": None if r.hours_to_train is None else round(r.hours_to_train, 3),
         "usd_to_train": None if r.usd_to_train is None else round(r.usd_to_train, 2),
+        "samples_to_target": r.samples_to_target,
+        # Small targets cost cents and minutes: six decimals.
+        "hours_to_target": None if r.hours_to_target is None else round(r.hours_to_target, 6),
+        "usd_to_target": None if r.usd_to_target is None else round(r.usd_to_target, 6),
         "dataprep_vcpus_per_gpu": round(r.vcpus_per_gpu, 3),
         "network_bound": r.step.network_bound,
         "checkpoint_every_steps": r.interval_steps,
@@ -84,6 +93,11 @@ def header_lines(plan: Plan) -> list[str]:
         f"samples to train: {w.samples_to_train if w.samples_to_train is not None else '-'} "
         f"({w.samples_note})",
     ]
+    if plan.target is not None:
+        lines.append(
+            f"samples to target: {plan.target.samples:,}, {plan.target.description}; hours and "
+            "USD to target at the expected samples/s"
+        )
     lines += [f"prices: {s}" for s in plan.price_sources]
     lines.append(
         "placement scores: "
@@ -96,12 +110,27 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _fmt_small(value: float | None) -> str:
+    """Two decimals, or three significant digits below 1 (a small target costs cents)."""
+    if value is None:
+        return "-"
+    return format(value, ",.2f") if value >= 1 else format(value, ".3g")
+
+
+def ranked_by(plan: Plan) -> str:
+    if plan.target is None:
+        return "expected samples per dollar"
+    return "expected USD to target"
+
+
 def print_table(plan: Plan, console: Console | None = None) -> None:
     # Not a terminal (a pipe, a log file): wide enough that rows do not wrap.
     console = console or Console(width=None if sys.stdout.isatty() else 180)
     for line in header_lines(plan):
         console.print(Text(line))
-    table = Table(title="ranked by expected samples per dollar")
+    table = Table(title=f"ranked by {ranked_by(plan)}")
+    with_target = plan.target is not None
+    target_cols = ("USD to target", "h to target") if with_target else ()
     for col in (
         "#",
         "configuration",
@@ -109,6 +138,7 @@ def print_table(plan: Plan, console: Console | None = None) -> None:
         "samples/s",
         "expected",
         "USD/h",
+        *target_cols,
         "samples/$",
         "expected samples/$",
         "hours",
@@ -134,6 +164,7 @@ def print_table(plan: Plan, console: Console | None = None) -> None:
             f"{r.nominal_samples_per_s:,.0f}",
             f"{r.expected_samples_per_s:,.0f}",
             f"{r.usd_per_hour:.3f}",
+            *((_fmt_small(r.usd_to_target), _fmt_small(r.hours_to_target)) if with_target else ()),
             f"{r.nominal_samples_per_usd:,.0f}",
             f"{r.expected_samples_per_usd:,.0f}",
             _fmt(r.hours_to_train, ".2f"),
@@ -143,7 +174,8 @@ def print_table(plan: Plan, console: Console | None = None) -> None:
             score,
         )
     console.print(table)
-    console.print(Text("* Pareto front (time to train vs samples per dollar); [net] network-bound"))
+    front_of = "hours vs USD to target" if with_target else "time to train vs samples per dollar"
+    console.print(Text(f"* Pareto front ({front_of}); [net] network-bound"))
     # One line per distinct note, naming the rows it applies to (many rows share one).
     rows_of: dict[str, list[str]] = {}
     for i, r in enumerate(plan.rows):
@@ -202,6 +234,8 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "region": plan.region,
         "live": plan.live,
         "price_sources": plan.price_sources,
+        "ranked_by": "usd_to_target" if plan.target else "samples_per_usd_expected",
+        "target": plan.target.record() if plan.target else None,
         "workload": {
             "model": w.model,
             "params": w.params,
@@ -233,19 +267,27 @@ def to_json(plan: Plan) -> dict[str, Any]:
 
 
 def plot(plan: Plan, path: Path) -> None:
-    """Expected samples per dollar against time to train; the Pareto front joined and marked."""
+    """Expected samples per dollar against time to train, or, with a target, expected USD to
+    target against hours to target; the Pareto front joined and marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    target = plan.target
     known = all(r.hours_to_train is not None for r in plan.rows)
 
     def x_of(r: PlanRow) -> float:
-        if known:
-            assert r.hours_to_train is not None
-            return r.hours_to_train
+        hours = r.hours_to_target if target else r.hours_to_train
+        if hours is not None:
+            return hours
         return 1e6 / r.expected_samples_per_s / 3600
+
+    def y_of(r: PlanRow) -> float:
+        if target:
+            assert r.usd_to_target is not None
+            return r.usd_to_target
+        return r.expected_samples_per_usd
 
     fig, ax = plt.subplots(figsize=(9, 6))
     front = pareto_front(plan.rows)
@@ -253,19 +295,19 @@ def plot(plan: Plan, path: Path) -> None:
         on = i in front
         ax.scatter(
             x_of(r),
-            r.expected_samples_per_usd,
+            y_of(r),
             s=70 if on else 30,
             marker="o" if on else "x",
             color="tab:red" if on else "tab:gray",
         )
         ax.annotate(
             r.label,
-            (x_of(r), r.expected_samples_per_usd),
+            (x_of(r), y_of(r)),
             fontsize=7,
             xytext=(4, 3),
             textcoords="offset points",
         )
-    pts = sorted((x_of(plan.rows[i]), plan.rows[i].expected_samples_per_usd) for i in front)
+    pts = sorted((x_of(plan.rows[i]), y_of(plan.rows[i])) for i in front)
     if pts:
         ax.plot(
             [p[0] for p in pts], [p[1] for p in pts], color="tab:red", lw=1, label="Pareto front"
@@ -273,13 +315,20 @@ def plot(plan: Plan, path: Path) -> None:
         ax.legend()
     ax.set_xscale("log")
     ax.margins(x=0.25, y=0.1)  # room for the labels at the edges
-    ax.set_xlabel("hours to train" if known else "hours per million samples")
-    ax.set_ylabel("expected samples per USD")
-    ax.set_title(
+    title = (
         f"hetero plan {plan.created.strftime('%Y-%m-%d')} ({plan.region}, "
-        f"{'live' if plan.live else 'offline'} prices)",
-        fontsize=10,
+        f"{'live' if plan.live else 'offline'} prices)"
     )
+    if target:
+        ax.set_yscale("log")
+        what = "best accuracy reached" if target.best else "target"
+        ax.set_xlabel(f"expected hours to {what} ({target.samples:,} samples)")
+        ax.set_ylabel(f"expected USD to {what}")
+        title += "\n" + textwrap.fill(target.description, 110)
+    else:
+        ax.set_xlabel("hours to train" if known else "hours per million samples")
+        ax.set_ylabel("expected samples per USD")
+    ax.set_title(title, fontsize=9 if target else 10)
     ax.grid(True, which="both", alpha=0.3)
     fig.text(0.01, 0.01, "; ".join(plan.price_sources)[:180], fontsize=6)
     fig.tight_layout(rect=(0, 0.03, 1, 1))

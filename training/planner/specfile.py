@@ -11,6 +11,9 @@ The copy keeps every key of the original and changes only what the plan chose:
   cluster at the prices the plan used;
 - HSDP degrees are dropped (their defaults follow the new instances; the spec check verifies).
 
+The winner is the plan's first row: the most expected samples per dollar, or, with an accuracy
+target, the least expected USD to reach it (its header line says so).
+
 The result is validated with ``training.spec.parse_spec`` before it is written; TOML comments
 of the original are not carried over (a header says where the file came from).
 """
@@ -103,6 +106,17 @@ def winner_document(raw: Mapping[str, Any], spec: ClusterSpec, plan: Plan) -> di
     return data
 
 
+def target_header(plan: Plan, winner: PlanRow) -> list[str]:
+    """With a target, the comment line saying the winner is the cheapest to reach it."""
+    if plan.target is None or winner.usd_to_target is None or winner.hours_to_target is None:
+        return []
+    return [
+        f"# Cheapest expected cost to reach the target: {winner.usd_to_target:.4g} USD in "
+        f"{winner.hours_to_target:.4g} h for {plan.target.samples:,} samples, "
+        f"{plan.target.description}.",
+    ]
+
+
 def write_spec(source: Path, dest: Path, spec: ClusterSpec, plan: Plan) -> ClusterSpec:
     """Write the winner into a copy of ``source`` at ``dest``; returns the validated spec."""
     raw = tomllib.loads(source.read_text())
@@ -118,6 +132,7 @@ def write_spec(source: Path, dest: Path, spec: ClusterSpec, plan: Plan) -> Clust
         f"# {winner.label} + {winner.dataprep.count} x {winner.dataprep.instance_type} "
         f"{winner.dataprep.market.value}: {winner.expected_samples_per_usd:,.0f} expected "
         f"samples per USD at {winner.usd_per_hour:.3f} USD/h.",
+        *target_header(plan, winner),
         *(f"# prices: {s}" for s in plan.price_sources),
         "# Comments of the original are not carried over.",
         "",
