@@ -23,6 +23,10 @@ graph each metric of a cluster as one series. A metric that could not be measure
 interval (no GPU or no NVML, no price, no durable checkpoint yet) is left out of the document,
 never sent as a made-up 0; JSON has no NaN, so a non-finite value is left out too.
 
+Validation results (``MetricsLogger.log_eval``) go out as a line of their own, in the same
+namespace and dimension set: ``ValidationTop1``, ``ValidationTop5`` (percent), ``ValidationLoss``
+and, with EMA weights, ``EmaValidationTop1`` (``eval_emf_document``).
+
 ``emf_document`` is pure (record in, dict out); ``MetricsLogger`` prints it on rank 0.
 """
 
@@ -31,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
@@ -68,6 +72,22 @@ CONTEXT_FIELDS: Final[tuple[str, ...]] = ("step", "epoch", "loss", "step_time_s"
 """Record fields copied into the line as plain members: searchable in CloudWatch Logs
 Insights beside the metrics, but not metrics themselves (no custom-metric cost)."""
 
+EVAL_EMF_METRICS: Final[tuple[EmfMetric, ...]] = (
+    EmfMetric("ValidationTop1", "Percent", "top1", scale=100.0),
+    EmfMetric("ValidationTop5", "Percent", "top5", scale=100.0),
+    EmfMetric("ValidationLoss", "None", "val_loss"),
+    EmfMetric("EmaValidationTop1", "Percent", "ema_top1", scale=100.0),
+)
+"""The metrics of a validation line (``MetricsLogger.log_eval``'s record), in this order; the
+EMA's only when the job keeps EMA weights. Same namespace and dimensions as the interval's."""
+
+EVAL_CONTEXT_FIELDS: Final[tuple[str, ...]] = (
+    "step", "samples", "wall_s", "usd", "val_samples", "eval_s", "ema_top5", "ema_val_loss",
+)  # fmt: skip
+"""The validation record's fields copied into its line as plain members."""
+
+_INTEGER_FIELDS: Final = frozenset({"step", "epoch", "samples", "val_samples"})
+
 
 def _number(value: Any) -> float | None:
     """``value`` as a finite float, or None (missing, not a number, NaN or infinite)."""
@@ -78,15 +98,22 @@ def _number(value: Any) -> float | None:
 
 
 def emf_document(
-    record: Mapping[str, Any], *, cluster: str, namespace: str = METRICS_NAMESPACE
+    record: Mapping[str, Any],
+    *,
+    cluster: str,
+    namespace: str = METRICS_NAMESPACE,
+    metrics: Sequence[EmfMetric] = EMF_METRICS,
+    context: Sequence[str] = CONTEXT_FIELDS,
 ) -> dict[str, Any] | None:
     """The EMF document for one interval ``record`` of cluster ``cluster``, or None when the
-    record has none of ``EMF_METRICS``. ``record["time"]`` (Unix seconds) is the timestamp."""
+    record has none of ``metrics``. ``record["time"]`` (Unix seconds) is the timestamp. A
+    validation record takes ``metrics=EVAL_EMF_METRICS, context=EVAL_CONTEXT_FIELDS``
+    (``eval_emf_document``)."""
     if not cluster.strip():
         raise ValueError(f"cluster must name the cluster (the Cluster dimension), got {cluster!r}")
     values: dict[str, float] = {}
     definitions: list[dict[str, str]] = []
-    for metric in EMF_METRICS:
+    for metric in metrics:
         value = _number(record.get(metric.field))
         if value is None:
             continue
@@ -108,11 +135,21 @@ def emf_document(
         DIMENSION_CLUSTER: cluster,
     }
     document.update(values)
-    for key in CONTEXT_FIELDS:
-        context = _number(record.get(key))
-        if context is not None:
-            document[key] = int(context) if key in ("step", "epoch") else context
+    for key in context:
+        member = _number(record.get(key))
+        if member is not None:
+            document[key] = int(member) if key in _INTEGER_FIELDS else member
     return document
+
+
+def eval_emf_document(
+    record: Mapping[str, Any], *, cluster: str, namespace: str = METRICS_NAMESPACE
+) -> dict[str, Any] | None:
+    """The EMF document for one validation ``record`` (``EVAL_EMF_METRICS``)."""
+    return emf_document(
+        record, cluster=cluster, namespace=namespace, metrics=EVAL_EMF_METRICS,
+        context=EVAL_CONTEXT_FIELDS,
+    )  # fmt: skip
 
 
 def emf_line(document: Mapping[str, Any]) -> str:

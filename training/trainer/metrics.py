@@ -6,6 +6,14 @@ prints a progress line, and at the end prints a summary table, writes ``summary.
 plots samples/s and data-wait share to ``metrics.png``. Where enabled (``emf_cluster``: on the
 stack's instances), rank 0 also prints each interval as a CloudWatch Embedded Metric Format line
 on stdout (``training.trainer.emf``), which CloudWatch Logs turns into metrics.
+
+Validation results (``MetricsLogger.log_eval``) go to the same places: a record with
+``"kind": "eval"`` in ``metrics.jsonl`` (interval records have no ``kind``; ``summarise`` and
+``plot`` keep the two apart), a console line, an EMF line, ``<run_dir>/last_eval.json`` (the
+last one, read by the EC2 launcher's heartbeat for ``hetero status``), an ``accuracy`` section
+in ``summary.json`` (``accuracy_summary``: the step, samples, wall time and USD at which top-1
+first reached each of ``job.accuracy_targets``), rows of the summary table and panels of
+``metrics.png``.
 """
 
 from __future__ import annotations
@@ -17,14 +25,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from training.trainer.emf import emf_document, write_emf
+from training.trainer.emf import emf_document, eval_emf_document, write_emf
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +118,46 @@ class RunFacts:
     flops_per_sample: float | None
     peak_flops_per_rank: float | None
     total_steps: int | None
+    accuracy_targets: tuple[float, ...] = ()
+    """``job.accuracy_targets``: validation top-1 shares in (0, 1], sorted."""
+
+
+EVAL_KIND = "eval"
+"""``metrics.jsonl``'s ``kind`` of a validation record; interval records have no ``kind``."""
+
+LAST_EVAL_FILE = "last_eval.json"
+"""``<run_dir>/last_eval.json``: the last validation record and the targets reached so far
+(rank 0; replaced at every evaluation). The EC2 launcher's heartbeat reads it into the job
+record, where ``hetero status`` finds it."""
+
+
+def is_eval(record: Mapping[str, Any]) -> bool:
+    """True for a validation record of ``metrics.jsonl``, False for an interval record."""
+    return record.get("kind") == EVAL_KIND
+
+
+@dataclass(frozen=True)
+class EvalScores:
+    """Validation figures of one set of weights: top-1 and top-5 as shares in 0..1, mean loss."""
+
+    top1: float
+    top5: float
+    loss: float
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One pass over the whole validation set (already reduced over ranks)."""
+
+    top1: float
+    top5: float
+    loss: float
+    samples: int
+    """Validation images evaluated."""
+    eval_s: float
+    """Seconds the pass took (never counted as step time or data wait)."""
+    ema: EvalScores | None = None
+    """The EMA weights' figures, when the job keeps EMA weights."""
 
 
 class MetricsLogger:
@@ -127,6 +179,9 @@ class MetricsLogger:
         self.rank = rank
         self.emf_cluster = emf_cluster
         self.records: list[dict[str, Any]] = []
+        """Interval records (no ``kind``)."""
+        self.evals: list[dict[str, Any]] = []
+        """Validation records (``"kind": "eval"``)."""
         self._gpu = GpuMonitor(device)
         self._device = device
         self._console = Console(stderr=True)
@@ -175,7 +230,11 @@ class MetricsLogger:
         self.records.append(record)
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
-            self._console.print(progress_line(record, self.facts.total_steps), highlight=False)
+            last_top1 = self.evals[-1]["top1"] if self.evals else None
+            self._console.print(
+                progress_line(record, self.facts.total_steps, last_top1=last_top1),
+                highlight=False,
+            )
         if self.rank == 0 and self.emf_cluster is not None:
             document = emf_document(record, cluster=self.emf_cluster)
             try:
@@ -184,6 +243,54 @@ class MetricsLogger:
             except OSError as e:  # A closed stdout costs the metric line, never the run.
                 log.warning("EMF metrics line not written: %s", e)
         return record
+
+    def log_eval(
+        self, step: int, result: EvalResult, *, samples_seen: int, train_wall_s: float
+    ) -> None:
+        """Record one validation pass at optimizer step ``step``: ``samples_seen`` training
+        samples so far, ``train_wall_s`` training wall time so far (evaluation excluded). Rank 0
+        writes the record, prints a line (and an EMF line where enabled) and replaces
+        ``last_eval.json``; every rank keeps the record for the summary, as ``log`` does."""
+        price = self.facts.cluster_usd_per_hour
+        record: dict[str, Any] = {
+            "kind": EVAL_KIND,
+            "time": time.time(),
+            "step": step,
+            "top1": result.top1,
+            "top5": result.top5,
+            "val_loss": result.loss,
+            "val_samples": result.samples,
+            "eval_s": result.eval_s,
+            "samples": samples_seen,
+            "wall_s": train_wall_s,
+            "usd": price * train_wall_s / 3600.0 if price > 0 else None,
+        }
+        if result.ema is not None:
+            record["ema_top1"] = result.ema.top1
+            record["ema_top5"] = result.ema.top5
+            record["ema_val_loss"] = result.ema.loss
+        self.evals.append(record)
+        if self.rank != 0:
+            return
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(record) + "\n")
+        self._console.print(eval_line(record), highlight=False, soft_wrap=True)
+        accuracy = accuracy_summary(self.evals, self.facts.accuracy_targets)
+        reached = [t["target"] for t in (accuracy or {}).get("targets", []) if t["reached"]]
+        try:
+            _write_atomic(
+                self.run_dir / LAST_EVAL_FILE,
+                json.dumps({**record, "targets_reached": reached}) + "\n",
+            )
+        except OSError as e:
+            log.warning("%s not written: %s", LAST_EVAL_FILE, e)
+        if self.emf_cluster is not None:
+            document = eval_emf_document(record, cluster=self.emf_cluster)
+            try:
+                if document is not None:
+                    write_emf(document)
+            except OSError as e:  # A closed stdout costs the metric line, never the run.
+                log.warning("EMF validation line not written: %s", e)
 
     def _mfu(self, samples_per_s: float) -> float | None:
         f, peak = self.facts.flops_per_sample, self.facts.peak_flops_per_rank
@@ -195,11 +302,18 @@ class MetricsLogger:
         """Write ``summary.json`` and ``metrics.png`` and print the table (rank 0); returns the
         summary on every rank."""
         summary = summarise(self.records)
+        accuracy = accuracy_summary(self.evals, self.facts.accuracy_targets)
+        if accuracy is not None:
+            summary["accuracy"] = accuracy
         summary.update(extra)
         if self.rank == 0:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            if self.records:
-                plot(self.records, self.run_dir / "metrics.png")
+            if self.records or self.evals:
+                plot(
+                    [*self.records, *self.evals],
+                    self.run_dir / "metrics.png",
+                    targets=self.facts.accuracy_targets,
+                )
             self._console.print(summary_table(summary))
         if self._jsonl is not None:
             self._jsonl.close()
@@ -213,9 +327,17 @@ def _mean(values: Sequence[float | None], weights: Sequence[float]) -> float | N
     return sum(v * w for v, w in pairs) / total if pairs and total > 0 else None
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` whole (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def summarise(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Step-weighted averages over the run, leaving out the first interval (warm-up: compile,
-    allocator, first batches) when there are others."""
+    allocator, first batches) when there are others. Validation records are ignored."""
+    records = [r for r in records if not is_eval(r)]
     steady = list(records[1:]) if len(records) > 1 else list(records)
     weights = [float(r["steps"] * r["step_time_s"]) for r in steady]  # time-weighted
     steps = sum(int(r["steps"]) for r in steady)
@@ -232,14 +354,93 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _better(r: Mapping[str, Any]) -> tuple[str, float, float, float]:
+    """(weights, top1, top5, val_loss) of the better weights of validation record ``r``: the
+    EMA's when its top-1 is higher than the raw weights', else the raw weights'."""
+    ema = r.get("ema_top1")
+    if ema is not None and ema > r["top1"]:
+        return "ema", float(ema), float(r["ema_top5"]), float(r["ema_val_loss"])
+    return "raw", float(r["top1"]), float(r["top5"]), float(r["val_loss"])
+
+
+def _when(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {"step": r["step"], "samples": r["samples"], "wall_s": r["wall_s"], "usd": r["usd"]}
+
+
+def _point(r: Mapping[str, Any], scores: tuple[str, float, float, float]) -> dict[str, Any]:
+    weights, top1, top5, loss = scores
+    return {"top1": top1, "top5": top5, "val_loss": loss, "weights": weights, **_when(r)}
+
+
+def _ema(r: Mapping[str, Any]) -> tuple[str, float, float, float]:
+    return "ema", float(r["ema_top1"]), float(r["ema_top5"]), float(r["ema_val_loss"])
+
+
+def accuracy_summary(
+    records: Sequence[Mapping[str, Any]], targets: Sequence[float] = ()
+) -> dict[str, Any] | None:
+    """``summary.json``'s ``accuracy`` section from the validation records among ``records``
+    (None without any). Each evaluation counts with its better weights (``_better``: the EMA's
+    when its top-1 is higher), named in ``weights``:
+
+    - ``targets``: per target, ``reached`` and, when reached, the first evaluation whose top-1
+      is at least the target (``step``, ``samples``, ``wall_s``, ``usd``, ``weights``);
+    - ``best``: the evaluation with the highest top-1 (the first of equals);
+    - ``final``: the last evaluation, raw weights;
+    - ``ema_best`` / ``ema_final`` (only with EMA): the same for the EMA weights alone.
+    """
+    evals = [r for r in records if is_eval(r)]
+    if not evals:
+        return None
+    better = [_better(r) for r in evals]
+    reached: list[dict[str, Any]] = []
+    for target in targets:
+        first = next((i for i, b in enumerate(better) if b[1] >= target), None)
+        if first is None:
+            reached.append({"target": target, "reached": False})
+        else:
+            when = _when(evals[first])
+            reached.append({"target": target, "reached": True, **when, "weights": better[first][0]})
+    best = max(range(len(evals)), key=lambda i: better[i][1])  # max keeps the first of equals
+    last = evals[-1]
+    out: dict[str, Any] = {
+        "metric": "top1",
+        "targets": reached,
+        "best": _point(evals[best], better[best]),
+        "final": _point(last, ("raw", last["top1"], last["top5"], last["val_loss"])),
+    }
+    with_ema = [r for r in evals if r.get("ema_top1") is not None]
+    if with_ema:
+        ema_best = max(with_ema, key=lambda r: float(r["ema_top1"]))
+        out["ema_best"] = _point(ema_best, _ema(ema_best))
+        out["ema_final"] = _point(with_ema[-1], _ema(with_ema[-1]))
+    return out
+
+
 def _fmt(value: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value * scale:{spec}}{suffix}"
 
 
-def progress_line(r: Mapping[str, Any], total_steps: int | None) -> str:
-    """One console line per interval."""
+def _pct(share: float) -> str:
+    return f"{share * 100:.1f} %"
+
+
+def eval_line(r: Mapping[str, Any]) -> str:
+    """One console line per validation record, e.g. ``eval step 120: top-1 81.2 %, top-5
+    97.0 %, loss 0.6200 (EMA top-1 82.0 %) over 360 images in 1.4 s``."""
+    ema = f" (EMA top-1 {_pct(r['ema_top1'])})" if r.get("ema_top1") is not None else ""
+    return (
+        f"eval step {r['step']}: top-1 {_pct(r['top1'])}, top-5 {_pct(r['top5'])}, "
+        f"loss {r['val_loss']:.4f}{ema} over {r['val_samples']:,} images in {r['eval_s']:.1f} s"
+    )
+
+
+def progress_line(
+    r: Mapping[str, Any], total_steps: int | None, *, last_top1: float | None = None
+) -> str:
+    """One console line per interval; ``last_top1``: the last validation top-1, if any."""
     of = f"/{total_steps}" if total_steps else ""
     parts = [
         f"step {r['step']}{of}",
@@ -254,7 +455,52 @@ def progress_line(r: Mapping[str, Any], total_steps: int | None) -> str:
         parts.append(f"MFU {r['mfu'] * 100:.1f}%")
     if r.get("gpu_util_pct") is not None:
         parts.append(f"gpu {r['gpu_util_pct']:.0f}%")
+    if last_top1 is not None:
+        parts.append(f"val top-1 {last_top1 * 100:.1f}%")
     return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _by(weights: str) -> str:
+    return " (EMA)" if weights == "ema" else ""
+
+
+def target_label(target: float) -> str:
+    """``top-1 >= 80 %`` for 0.8."""
+    return f"top-1 >= {target * 100:.4g} %"
+
+
+def accuracy_rows(accuracy: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The summary table's rows for ``summary.json``'s ``accuracy`` section."""
+    rows: list[tuple[str, str]] = []
+    for prefix, key in (("final", "final"), ("EMA final", "ema_final")):
+        p = accuracy.get(key)
+        if p is None:
+            continue
+        rows.append(
+            (f"{prefix} top-1 / top-5", f"{_pct(p['top1'])} / {_pct(p['top5'])} (step {p['step']})")
+        )
+        rows.append((f"{prefix} val loss", _fmt(p["val_loss"], ".4f")))
+    best = accuracy["best"]
+    rows.append(
+        ("best top-1", f"{_pct(best['top1'])} at step {best['step']}{_by(best['weights'])}")
+    )
+    for t in accuracy["targets"]:
+        if not t["reached"]:
+            rows.append((target_label(t["target"]), "not reached"))
+            continue
+        parts = [f"step {t['step']}", _duration(t["wall_s"]), f"{t['samples']:,} samples"]
+        if t.get("usd") is not None:
+            parts.append(f"{t['usd']:,.3f} USD")
+        rows.append((target_label(t["target"]), ", ".join(parts) + _by(t["weights"])))
+    return rows
 
 
 def summary_table(s: Mapping[str, Any]) -> Table:
@@ -274,28 +520,82 @@ def summary_table(s: Mapping[str, Any]) -> Table:
         ("GPU utilisation", _fmt(s.get("gpu_util_pct"), ".0f", 1, "%")),
         ("stopped by", str(s.get("stopped_by", "-"))),
     ]
+    if s.get("accuracy"):
+        rows.extend(accuracy_rows(s["accuracy"]))
     for name, value in rows:
         table.add_row(name, value)
     return table
 
 
-def plot(records: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """Samples/s and data-wait share against the step, one panel each."""
+def figure(records: Sequence[Mapping[str, Any]], targets: Sequence[float] = ()) -> Figure:
+    """The metrics figure: samples/s and data-wait share against the step; with validation
+    records among ``records`` also validation top-1 against the step and against USD, each
+    target a dotted line."""
     import matplotlib
 
     matplotlib.use("Agg")  # Files only: no display on training hosts.
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in records]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    top.plot(steps, [r["samples_per_s"] for r in records], marker=".")
+    train = [r for r in records if not is_eval(r)]
+    evals = [r for r in records if is_eval(r)]
+    steps = [r["step"] for r in train]
+    if not evals:
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    else:
+        fig, (top, bottom, by_step, by_usd) = plt.subplots(4, 1, figsize=(8, 12))
+        bottom.sharex(top)
+        by_step.sharex(top)
+    top.plot(steps, [r["samples_per_s"] for r in train], marker=".")
     top.set_ylabel("samples/s (global)")
     top.grid(alpha=0.3)
-    bottom.plot(steps, [r["data_wait_share"] * 100 for r in records], marker=".", color="C1")
+    bottom.plot(steps, [r["data_wait_share"] * 100 for r in train], marker=".", color="C1")
     bottom.set_ylabel("data-wait share (%)")
     bottom.set_xlabel("step")
     bottom.set_ylim(bottom=0)
     bottom.grid(alpha=0.3)
+    if evals:
+        top.tick_params(labelbottom=False)
+        bottom.tick_params(labelbottom=False)
+        bottom.set_xlabel("")
+        _accuracy_panel(by_step, evals, "step", targets)
+        by_step.set_xlabel("step")
+        priced = [r for r in evals if r.get("usd") is not None]
+        _accuracy_panel(by_usd, priced, "usd", targets)
+        by_usd.set_xlabel("USD (cluster price x training wall time)")
+        if not priced:
+            by_usd.text(0.5, 0.5, "no price: USD unknown", ha="center", transform=by_usd.transAxes)
     fig.tight_layout()
+    return fig
+
+
+def _accuracy_panel(
+    ax: Axes, evals: Sequence[Mapping[str, Any]], x: str, targets: Sequence[float]
+) -> None:
+    xs = [r[x] for r in evals]
+    ax.plot(xs, [r["top1"] * 100 for r in evals], marker="o", color="C2", label="top-1")
+    ema = [r for r in evals if r.get("ema_top1") is not None]
+    if ema:
+        ax.plot(
+            [r[x] for r in ema], [r["ema_top1"] * 100 for r in ema],
+            marker="o", linestyle="--", color="C4", label="top-1, EMA weights",
+        )  # fmt: skip
+    for i, target in enumerate(targets):
+        ax.axhline(
+            target * 100, linestyle=":", color="grey",
+            label="accuracy targets" if i == 0 else None,
+        )  # fmt: skip
+    ax.set_ylabel("validation top-1 (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+
+
+def plot(
+    records: Sequence[Mapping[str, Any]], path: Path, *, targets: Sequence[float] = ()
+) -> None:
+    """Write ``figure(records, targets)`` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(records, targets)
     fig.savefig(path, dpi=100)
     plt.close(fig)
