@@ -23,9 +23,10 @@ log = logging.getLogger(__name__)
 
 
 class ImageSource(Protocol):
-    """A dataset of encoded images with integer labels."""
+    """A dataset of encoded images with integer labels; ``classes[label]`` is a label's name."""
 
     num_classes: int
+    classes: list[str]
 
     def __len__(self) -> int: ...
 
@@ -60,6 +61,7 @@ class SyntheticImages:
             raise ValueError("synthetic dataset needs num_samples >= 1 and num_classes >= 1")
         self.num_samples = num_samples
         self.num_classes = num_classes
+        self.classes = [f"class_{i}" for i in range(num_classes)]
         side = max(16, round(image_size * 8 / 7))
         self.source_size: tuple[int, int] = source_size or (side, side)
 
@@ -93,25 +95,26 @@ class SyntheticImages:
 
 
 class FolderImages:
-    """A local folder in ImageFolder layout: ``root/<class>/<image>``; classes sorted by name."""
+    """A local folder in ImageFolder layout: ``root/<class>/<image>``; classes sorted by name.
+    ``field`` is the spec field errors name (``job.dataset.path`` or ``job.dataset.val_path``)."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, field: str = "job.dataset.path") -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ValueError(
-                f"job.dataset.path {str(self.root)!r} is not a folder; point it at a folder of "
+                f"{field} {str(self.root)!r} is not a folder; point it at a folder of "
                 "class sub-folders (ImageFolder layout)"
             )
         try:
             self.classes, class_to_idx = find_classes(str(self.root))
         except FileNotFoundError as e:
-            raise ValueError(f"job.dataset.path {str(self.root)!r}: {e}") from e
+            raise ValueError(f"{field} {str(self.root)!r}: {e}") from e
         self.samples: list[tuple[str, int]] = make_dataset(
             str(self.root), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True
         )
         if not self.samples:
             raise ValueError(
-                f"job.dataset.path {str(self.root)!r} has class folders but no images "
+                f"{field} {str(self.root)!r} has class folders but no images "
                 f"({', '.join(IMG_EXTENSIONS)})"
             )
         self.num_classes = len(self.classes)
@@ -133,12 +136,15 @@ class FolderImages:
 
 class S3Images:
     """Images under an S3 prefix: ``s3://bucket/prefix/<class>/<image>``; the class is the first
-    sub-prefix. Keys are listed once; each process makes its own boto3 client."""
+    sub-prefix. Keys are listed once; each process makes its own boto3 client. ``field`` is the
+    spec field errors name."""
 
-    def __init__(self, uri: str, *, client: Any | None = None) -> None:
+    def __init__(
+        self, uri: str, *, client: Any | None = None, field: str = "job.dataset.path"
+    ) -> None:
         parsed = urlparse(uri)
         if parsed.scheme != "s3" or not parsed.netloc:
-            raise ValueError(f"job.dataset.path {uri!r} must look like s3://bucket/prefix/")
+            raise ValueError(f"{field} {uri!r} must look like s3://bucket/prefix/")
         self.uri = uri
         self.bucket = parsed.netloc
         self.prefix = parsed.path.lstrip("/")
@@ -155,7 +161,7 @@ class S3Images:
                     by_class.setdefault(parts[0], []).append(key)
         if not by_class:
             raise ValueError(
-                f"job.dataset.path {uri!r}: no images found under <prefix>/<class>/ "
+                f"{field} {uri!r}: no images found under <prefix>/<class>/ "
                 f"({', '.join(IMG_EXTENSIONS)})"
             )
         self.classes = sorted(by_class)
@@ -195,8 +201,10 @@ class S3Images:
 
 
 def build_dataset(spec: DatasetSpec) -> ImageSource:
-    """The image source the spec's ``[job.dataset]`` describes; raises ``ValueError`` naming the
-    field to fix when the folder or prefix holds no usable images."""
+    """The whole image source the spec's ``[job.dataset]`` describes (``path``; with
+    ``val_fraction`` the validation share is still in it: train and evaluate on
+    ``training.data.splits.build_split``); raises ``ValueError`` naming the field to fix when
+    the folder or prefix holds no usable images."""
     source: ImageSource
     if spec.source is DatasetSource.SYNTHETIC:
         source = SyntheticImages(spec.num_samples, spec.num_classes, spec.image_size)

@@ -15,8 +15,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from training.data.augment import load_image
 from training.data.batch import Batch
-from training.data.datasets import ImageSource, build_dataset
+from training.data.datasets import ImageSource
 from training.data.order import epoch_order, epoch_seed
+from training.data.splits import build_split
 from training.data.transforms import Transform, build_transform
 from training.spec import JobSpec
 
@@ -72,10 +73,11 @@ def local_loader(
 ) -> DataLoader[Any]:
     """A DataLoader yielding ``Batch`` of ``job.batch_size`` for ``rank``'s share of the epoch:
     positions ``rank, rank + world_size, ...`` of the same (seed, epoch) order the data servers
-    use. ``num_workers`` defaults to the cores available."""
+    use, over the training split (``build_split(job.dataset, "train")``: never a validation
+    image) unless ``source`` is given. ``num_workers`` defaults to the cores available."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    source = source if source is not None else build_dataset(job.dataset)
+    source = source if source is not None else build_split(job.dataset, "train")
     transform = build_transform(job.augmentation, job.dataset.image_size)
     order = epoch_order(job.seed, epoch, len(source))
     shard = order[rank::world_size].tolist()

@@ -127,18 +127,20 @@ class SyntheticBatches:
 
 
 class LocalBatches:
-    """``training.data.local_loader`` epoch after epoch (augmentation on this host)."""
+    """``training.data.local_loader`` epoch after epoch over the training split (augmentation
+    on this host)."""
 
     def __init__(
         self, job: JobSpec, *, rank: int, world_size: int, epochs: int | None = None
     ) -> None:
-        from training.data import build_dataset
+        from training.data import build_split
 
         self.job = job
         self.rank = rank
         self.world_size = world_size
         self.epochs = epochs
-        self._dataset = build_dataset(job.dataset)
+        # The training split: with a validation share or folder, never a validation image.
+        self._dataset = build_split(job.dataset, "train")
         self.batches_per_epoch, _ = rank_positions(
             len(self._dataset), rank, world_size, job.batch_size
         )

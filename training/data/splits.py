@@ -1,0 +1,178 @@
+"""The training and validation splits of ``[job.dataset]``: the one place that decides which
+images are trained on and which are held out.
+
+- No validation configured: the training split is ``build_dataset``'s whole source (unchanged).
+- ``val_fraction``: a seeded split of the whole source (``split_indices``); both splits are
+  ``SubsetImages`` of it and never share an image.
+- ``val_path``: the training split is ``path``'s source, the validation split ``val_path``'s,
+  with the same class names (so label ``i`` means the same class in both).
+
+Every consumer of training images (the local loader, the trainer's local input, the data
+server and its worker processes) takes ``build_split(spec, "train")`` (or ``build_splits``), so
+a validation image is never trained on.
+
+Sample ids: a split is an ``ImageSource`` of its own, and the sample ids a batch carries
+(``Batch.sample_ids``, the wire's ``sample_ids``/``skipped_ids``) are indices into that split's
+source, ``0 .. len(split) - 1``: into the training split for training batches, into the
+validation split for validation batches. ``SubsetImages.base_index`` maps one back to the
+index in the whole source. With no validation configured, training ids are dataset indices as
+before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from enum import StrEnum
+
+import numpy as np
+
+from training.data.datasets import FolderImages, ImageSource, S3Images, build_dataset
+from training.spec import DatasetSource, DatasetSpec
+
+log = logging.getLogger(__name__)
+
+# Mixed into the split's seed so that it shares no stream with anything else seeded by a small
+# integer (the epoch order, augmentation).
+_SPLIT_TAG = 0x5B117
+
+
+class Split(StrEnum):
+    TRAIN = "train"
+    VAL = "val"
+
+
+def parse_split(name: str) -> Split:
+    """The split a request or caller names (``""`` is training); ``ValueError`` otherwise."""
+    if name == "":
+        return Split.TRAIN
+    try:
+        return Split(name)
+    except ValueError:
+        raise ValueError(
+            f"unknown split {name!r}; use 'train' (or empty) for training or 'val' for validation"
+        ) from None
+
+
+NO_VALIDATION = (
+    "job.dataset has no validation set; set job.dataset.val_path (a validation folder or "
+    "s3:// prefix beside the training one) or job.dataset.val_fraction (a held-out share)"
+)
+
+
+class SubsetImages:
+    """The samples ``indices`` of ``source``, as a source of their own: sample ``i`` is
+    ``source``'s sample ``indices[i]``. Picklable (when ``source`` is)."""
+
+    def __init__(self, source: ImageSource, indices: Sequence[int] | np.ndarray) -> None:
+        idx = np.array(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(source)):
+            raise ValueError(
+                f"subset indices must be in [0, {len(source)}), got {int(idx.min())}.."
+                f"{int(idx.max())}"
+            )
+        self.source = source
+        self.indices = idx
+        self.num_classes = source.num_classes
+        self.classes = list(source.classes)
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def base_index(self, index: int) -> int:
+        """The index in ``source`` of this subset's sample ``index``."""
+        if not 0 <= index < self.indices.size:
+            raise IndexError(
+                f"sample index {index} out of range (dataset has {self.indices.size} samples)"
+            )
+        return int(self.indices[index])
+
+    def read(self, index: int) -> bytes:
+        return self.source.read(self.base_index(index))
+
+    def label(self, index: int) -> int:
+        return self.source.label(self.base_index(index))
+
+    def describe(self) -> str:
+        return f"{len(self)} samples of {self.source.describe()}"
+
+
+def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_indices, val_indices)`` of ``range(n)``: ``round(n * fraction)`` (at least 1)
+    samples held out for validation, chosen by ``seed``; both sorted int64, disjoint, together
+    all of ``range(n)``.
+
+    Deterministic on any machine and any numpy version: the order comes from PCG64's raw output
+    for a ``SeedSequence`` of the seed (both stable by numpy's contract), not from a sampling
+    method whose algorithm may change, so a resumed job or another server never moves an image
+    between the splits."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"the validation fraction must be in (0, 1), got {fraction}")
+    n_val = max(1, round(n * fraction))
+    if n_val >= n:
+        raise ValueError(
+            f"job.dataset.val_fraction = {fraction:g} of {n} samples leaves no training sample; "
+            "use a smaller fraction or a bigger dataset"
+        )
+    bits = np.random.PCG64(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, _SPLIT_TAG]))
+    keys = bits.random_raw(n)
+    order = np.argsort(keys, kind="stable")
+    return np.sort(order[n_val:]).astype(np.int64), np.sort(order[:n_val]).astype(np.int64)
+
+
+def _val_source(spec: DatasetSpec) -> ImageSource:
+    assert spec.val_path is not None
+    field = "job.dataset.val_path"
+    if spec.source is DatasetSource.FOLDER:
+        return FolderImages(spec.val_path, field=field)
+    if spec.source is DatasetSource.S3:
+        return S3Images(spec.val_path, field=field)
+    raise ValueError(
+        f"{field}: source '{spec.source}' has no validation folder; use job.dataset.val_fraction"
+    )
+
+
+def build_splits(
+    spec: DatasetSpec, *, full: ImageSource | None = None
+) -> tuple[ImageSource, ImageSource | None]:
+    """``(training source, validation source or None)`` for ``spec``. ``full`` is
+    ``build_dataset(spec)`` when the caller has it already (it is not listed again). Raises
+    ``ValueError`` naming the field to fix."""
+    whole = full if full is not None else build_dataset(spec)
+    if spec.val_path is not None:
+        val = _val_source(spec)
+        if list(val.classes) != list(whole.classes):
+            missing = sorted(set(whole.classes) - set(val.classes))
+            extra = sorted(set(val.classes) - set(whole.classes))
+            differ = []
+            if missing:
+                differ.append(f"missing there: {missing}")
+            if extra:
+                differ.append(f"only there: {extra}")
+            raise ValueError(
+                f"job.dataset.val_path {spec.val_path!r} must have the same class names as "
+                f"job.dataset.path {spec.path!r}; {'; '.join(differ) or 'their order differs'}"
+            )
+        log.info("validation split: %s", val.describe())
+        return whole, val
+    if spec.val_fraction > 0:
+        train_idx, val_idx = split_indices(len(whole), spec.val_fraction, spec.split_seed)
+        log.info(
+            "split (val_fraction %g, split_seed %d): %d training, %d validation samples",
+            spec.val_fraction, spec.split_seed, train_idx.size, val_idx.size,
+        )  # fmt: skip
+        return SubsetImages(whole, train_idx), SubsetImages(whole, val_idx)
+    return whole, None
+
+
+def build_split(spec: DatasetSpec, split: Split | str) -> ImageSource:
+    """The ``"train"`` or ``"val"`` split of ``spec`` (see the module's docstring); ``"val"``
+    with no validation configured raises ``ValueError`` naming the fields to set."""
+    which = parse_split(split)
+    if which is Split.VAL and not spec.has_validation:
+        raise ValueError(NO_VALIDATION)
+    train, val = build_splits(spec)
+    if which is Split.TRAIN:
+        return train
+    assert val is not None
+    return val
