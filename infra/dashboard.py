@@ -1,8 +1,10 @@
-"""A CloudWatch dashboard of one cluster's training: throughput, data wait, samples per dollar,
-GPU utilisation and checkpoint age, and optionally the trainer groups' in-service instances.
+"""A CloudWatch dashboard of one cluster's training: validation top-1 (raw and EMA weights),
+throughput, data wait, samples per dollar, GPU utilisation and checkpoint age, and optionally the
+trainer groups' in-service instances.
 
 The trainer metrics are not sent by any API call: rank 0 of the trainer prints one CloudWatch
-Embedded Metric Format line per logged interval on stdout (``training.trainer.emf``), Docker's
+Embedded Metric Format line per logged interval and one per evaluation on stdout
+(``training.trainer.emf``), Docker's
 ``awslogs`` driver ships stdout to the cluster's log group, and CloudWatch Logs extracts the
 metrics (namespace ``hetero``, dimension ``Cluster`` = the spec's name). EMF specification:
 https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html
@@ -24,7 +26,7 @@ from aws_cdk import aws_cloudwatch as cw
 from constructs import Construct
 
 from training.aws_tags import METRICS_NAMESPACE
-from training.trainer.emf import DIMENSION_CLUSTER, EMF_METRICS
+from training.trainer.emf import DIMENSION_CLUSTER, EMF_METRICS, EVAL_EMF_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,14 @@ STATISTICS: Final[dict[str, str]] = {
     "GPUUtilization": cw.Stats.AVERAGE,
     # The age saw-tooths between saves: the minute's worst is what a Spot loss would cost.
     "CheckpointAge": cw.Stats.MAXIMUM,
+    "ValidationTop1": cw.Stats.AVERAGE,
+    "EmaValidationTop1": cw.Stats.AVERAGE,
 }
 """Rates and shares are averaged over the minute; the checkpoint age takes its maximum."""
+
+VALIDATION_GRAPHED: Final[tuple[str, ...]] = ("ValidationTop1", "EmaValidationTop1")
+"""The validation metrics graphed (one widget); the EMA's exists only when the job keeps EMA
+weights. ``ValidationTop5`` and ``ValidationLoss`` are sent but not graphed."""
 
 TITLES: Final[dict[str, str]] = {
     "SamplesPerSecond": "Throughput (samples/s, global)",
@@ -48,6 +56,8 @@ TITLES: Final[dict[str, str]] = {
     "GPUUtilization": "GPU utilisation (%, rank 0's GPU)",
     "CheckpointAge": "Checkpoint age (s since the newest durable checkpoint)",
 }
+
+VALIDATION_TITLE: Final = "Validation top-1 (%, raw and EMA weights)"
 
 _PERCENT_AXIS = cw.YAxisProps(min=0, max=100, show_units=False)
 
@@ -86,7 +96,12 @@ class ClusterDashboard(Construct):
         trainer_asg_names: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, construct_id)
-        self.metrics = {m.name: trainer_metric(cluster_name, m.name) for m in EMF_METRICS}
+        sent = {m.name for m in EVAL_EMF_METRICS}
+        unknown = set(VALIDATION_GRAPHED) - sent
+        if unknown:  # The trainer renamed or dropped a validation metric.
+            raise ValueError(f"the trainer sends no validation metric {sorted(unknown)}")
+        names = [m.name for m in EMF_METRICS] + list(VALIDATION_GRAPHED)
+        self.metrics = {name: trainer_metric(cluster_name, name) for name in names}
         missing = set(self.metrics) ^ set(STATISTICS)
         if missing:  # A metric added to the trainer needs a statistic and a title here.
             raise ValueError(f"dashboard and trainer disagree on metrics: {sorted(missing)}")
@@ -106,6 +121,16 @@ class ClusterDashboard(Construct):
 
         rows: list[list[cw.IWidget]] = [
             [cw.TextWidget(markdown=_about(cluster_name, trainer_asg_names), width=24, height=4)],
+            [
+                cw.GraphWidget(
+                    title=VALIDATION_TITLE,
+                    left=[self.metrics[name] for name in VALIDATION_GRAPHED],
+                    statistic=cw.Stats.AVERAGE,
+                    left_y_axis=_PERCENT_AXIS,
+                    width=24,
+                    height=6,
+                )
+            ],
             [graph("SamplesPerSecond"), graph("SamplesPerDollar")],
             [graph("DataWaitShare"), graph("GPUUtilization")],
         ]
@@ -142,11 +167,13 @@ def _about(cluster_name: str, trainer_asg_names: Sequence[str]) -> str:
     lines = [
         f"## Training of cluster `{cluster_name}`",
         "Rank 0 of the trainer prints one CloudWatch Embedded Metric Format line per logged "
-        "interval on stdout; Docker's awslogs driver sends it to the cluster's log group and "
+        "interval and one per evaluation on stdout; Docker's awslogs driver sends them to the "
+        "cluster's log group and "
         f"CloudWatch Logs extracts the metrics (namespace `{METRICS_NAMESPACE}`, dimension "
         f"`{DIMENSION_CLUSTER}={cluster_name}`, one-minute graphs). A metric that could not be "
         "measured in an interval (no GPU or NVML, no price, no checkpoint yet) is left out, "
-        "not drawn as 0.",
+        "not drawn as 0. Validation top-1 has a point per evaluation (every "
+        "`job.eval.every_steps` and at the end); the EMA's only when `[job.ema]` is on.",
     ]
     if trainer_asg_names:
         lines.append(

@@ -1,8 +1,10 @@
 """The cluster's CloudWatch dashboard (``infra/dashboard.py``): one dashboard named after the
-spec, whose body graphs exactly the trainer's five EMF metrics with ``Cluster=<spec name>`` (one
-minute, Average for rates and shares, Maximum for the checkpoint age), the trainer group's
-in-service instances, a text widget on where the numbers come from, and a ``DashboardName``
-output. The body is parsed as the JSON CloudWatch receives (``Fn::Join`` with the region)."""
+spec, whose body graphs exactly the trainer's five interval EMF metrics with ``Cluster=<spec
+name>`` (one minute, Average for rates and shares, Maximum for the checkpoint age), one
+validation widget with exactly ``ValidationTop1`` and ``EmaValidationTop1`` (the names the
+trainer's validation EMF line carries), the trainer group's in-service instances, a text widget
+on where the numbers come from, and a ``DashboardName`` output. The body is parsed as the JSON
+CloudWatch receives (``Fn::Join`` with the region)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from aws_cdk.assertions import Template
 from infra_support import SPOT_SPEC, BuiltApp, build
 
 from infra.dashboard import ClusterDashboard
+from training.trainer.emf import EVAL_EMF_METRICS
 
 TRAINER_METRICS = {
     "SamplesPerSecond": "Average",
@@ -24,8 +27,11 @@ TRAINER_METRICS = {
     "SamplesPerDollar": "Average",
     "GPUUtilization": "Average",
     "CheckpointAge": "Maximum",
+    "ValidationTop1": "Average",
+    "EmaValidationTop1": "Average",
 }
 """The trainer's EMF metric names (``training.trainer.emf``) and the statistic graphed."""
+VALIDATION_METRICS = ["ValidationTop1", "EmaValidationTop1"]
 REGION = "<region>"
 
 
@@ -58,14 +64,19 @@ def _body(template: Mapping[str, Any], logical_id: str) -> dict[str, Any]:
     return dict(json.loads("".join(text)))
 
 
-def _graphed(body: dict[str, Any]) -> list[tuple[str, str, dict[str, str], str, int]]:
-    """Each graphed metric: (namespace, name, dimensions, statistic, period). A metric's own
-    ``stat``/``period`` wins over its widget's, as in the dashboard body format."""
+def _graphed(
+    body: dict[str, Any], title: str | None = None
+) -> list[tuple[str, str, dict[str, str], str, int]]:
+    """Each graphed metric: (namespace, name, dimensions, statistic, period), of the widgets
+    titled ``title`` (None: all). A metric's own ``stat``/``period`` wins over its widget's, as
+    in the dashboard body format."""
     out = []
     for widget in body["widgets"]:
         if widget["type"] != "metric":
             continue
         props = widget["properties"]
+        if title is not None and props.get("title") != title:
+            continue
         assert props["region"] == REGION
         for entry in props["metrics"]:
             options = entry[-1] if isinstance(entry[-1], dict) else {}
@@ -114,8 +125,25 @@ def test_the_trainer_group_in_service_instances_are_graphed(spot: BuiltApp) -> N
         )
     ]
     assert asg_name == "vit-spot-trainer"  # the trainer group, not dataprep
-    # Nothing else is graphed: the five trainer metrics and this one.
+    # Nothing else is graphed: the seven trainer metrics and this one.
     assert len(_graphed(_spot_body(spot))) == len(TRAINER_METRICS) + 1
+
+
+def test_one_widget_graphs_validation_top1_of_the_raw_and_ema_weights(spot: BuiltApp) -> None:
+    body = _spot_body(spot)
+    [widget] = [
+        w for w in body["widgets"] if "Validation" in w.get("properties", {}).get("title", "")
+    ]
+    props = widget["properties"]
+    assert props["title"] == "Validation top-1 (%, raw and EMA weights)"
+    assert props["yAxis"]["left"] == {"min": 0, "max": 100, "showUnits": False}
+    assert _graphed(body, props["title"]) == [
+        ("hetero", name, {"Cluster": "vit-spot"}, "Average", 60) for name in VALIDATION_METRICS
+    ]
+    # The names are those the trainer's validation EMF line carries (same namespace and
+    # dimension set as the interval line's).
+    sent = {m.name for m in EVAL_EMF_METRICS}
+    assert set(VALIDATION_METRICS) <= sent
 
 
 def test_a_text_widget_says_where_the_metrics_come_from(spot: BuiltApp) -> None:
@@ -127,6 +155,7 @@ def test_a_text_widget_says_where_the_metrics_come_from(spot: BuiltApp) -> None:
         "Embedded Metric Format",
         "awslogs",
         "namespace `hetero`",
+        "one per evaluation",
         "`Cluster=vit-spot`",
         "group metrics collection is enabled",
     ):
