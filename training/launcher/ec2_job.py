@@ -547,18 +547,37 @@ class Ec2Job:
         return exit_code_for_signal(signum)
 
 
+LAST_EVAL_FILE = "last_eval.json"
+"""``training.trainer.metrics.LAST_EVAL_FILE`` (the launcher does not import the trainer)."""
+
+
 def _last_metrics(run_dir: Path) -> dict[str, Any] | None:
-    """The last line of the trainer's ``metrics.jsonl`` (rank 0's host only), or None."""
-    path = run_dir / "metrics.jsonl"
+    """The trainer's last interval record in ``metrics.jsonl`` (rank 0's host only) with, under
+    ``"eval"``, its last validation record (``last_eval.json``: top-1, top-5, loss, the EMA's,
+    ``targets_reached``), or None when there is neither."""
+    value: dict[str, Any] | None = None
     try:
-        with open(path, "rb") as f:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 4096))
             lines = f.read().decode(errors="replace").strip().splitlines()
-        value = json.loads(lines[-1]) if lines else None
+    except OSError:
+        lines = []
+    for line in reversed(lines):  # Validation records have their own file: skip them here.
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the tail's first line, cut
+        if isinstance(record, dict) and record.get("kind") != "eval":
+            value = record
+            break
+    try:
+        last_eval = json.loads((run_dir / LAST_EVAL_FILE).read_text())
     except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+        last_eval = None
+    if isinstance(last_eval, dict):
+        value = {**(value or {}), "eval": last_eval}
+    return value
 
 
 def _children(pid: int) -> list[int]:

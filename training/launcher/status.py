@@ -3,7 +3,8 @@
 The current job (the SSM job pointer ``/hetero/<cluster>/job``, when the stack created it: its
 id and checkpoint URI, which is where the job record is), groups (desired, minimum, maximum and
 in-service counts), instances by group, market and AZ, the job's outcome, each host's last
-reported state and metrics, and the newest complete checkpoint. Read-only: it calls only
+reported state and metrics (with its last validation top-1 and the accuracy targets reached),
+and the newest complete checkpoint. Read-only: it calls only
 Describe/List/Get APIs. Credentials, region and endpoint come from the usual places
 (``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``...).
 """
@@ -160,6 +161,9 @@ def render(status: JobStatus) -> None:
             for k in ("step", "samples_per_s", "data_wait_share", "loss")
             if k in metrics
         )
+        validation = validation_text(metrics.get("eval"))
+        if validation:
+            shown = f"{shown}; {validation}" if shown else validation
         instances.add_row(
             inst["group"], inst["instance_id"], str(inst["type"]), inst["market"],
             str(inst["az"]), str(inst["address"]), str(host.get("state", "-")), shown or "-",
@@ -168,6 +172,35 @@ def render(status: JobStatus) -> None:
     console.print(f"newest complete checkpoint: {status.newest_checkpoint or 'none'}")
     for e in status.errors:
         console.print(f"[red]could not read[/] {e}")
+
+
+def _share(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return f"{value * 100:.1f} %"
+
+
+def validation_text(last_eval: Any) -> str:
+    """A host's last validation record (``metrics["eval"]`` of the job record: the trainer's
+    ``last_eval.json``, put there by the EC2 launcher's heartbeat) in words, e.g. ``val top-1
+    81.2 % (EMA 82.0 %) at step 120, targets reached 50 %, 80 %``; "" without one."""
+    if not isinstance(last_eval, dict):
+        return ""
+    top1 = _share(last_eval.get("top1"))
+    if top1 is None:
+        return ""
+    ema = _share(last_eval.get("ema_top1"))
+    text = f"val top-1 {top1}" + (f" (EMA {ema})" if ema else "")
+    if last_eval.get("step") is not None:
+        text += f" at step {last_eval['step']}"
+    reached = [
+        f"{t * 100:.4g} %"
+        for t in last_eval.get("targets_reached") or []
+        if isinstance(t, int | float) and not isinstance(t, bool)
+    ]
+    if reached:
+        text += ", targets reached " + ", ".join(reached)
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
