@@ -587,7 +587,7 @@ def _accuracy_panel(
     ax.set_ylabel("validation top-1 (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
 
 
 def plot(
