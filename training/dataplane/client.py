@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from training.data.batch import Batch
+from training.data.splits import Split, parse_split
 from training.dataplane.discovery import ServerDiscovery, StaticServers
 from training.dataplane.membership import ServerPool
 from training.dataplane.server import SERVICE_NAME
@@ -225,6 +226,7 @@ class _EpochRun:
                         batch_size=c.batch_size,
                         recipe=c.recipe,
                         image_size=c.image_size,
+                        split="" if c.split is Split.TRAIN else c.split.value,
                     )
                     call = c._stream_batches(channel)(request, timeout=c.rpc_timeout_s)
                     with self.cond:
@@ -348,6 +350,11 @@ class DataPlaneClient:
     ``refresh_s``. The trainer waits at most ``wait_for_data_s`` for any one batch.
     ``share`` limits each epoch to positions ``[start, stop)``: a trainer rank's block, so ranks
     that each run a client over the same servers see disjoint samples.
+
+    ``split="val"`` delivers the servers' validation split instead: position ``i`` is validation
+    sample ``i`` (no shuffling; seed and epoch change nothing), ``num_samples`` is the servers'
+    ``num_val_samples``, and servers without a validation set are not admitted. A pass over it
+    is ``iter_epoch(epoch)``; ``rewind()`` makes the next one deliver the whole share again.
     """
 
     def __init__(
@@ -368,7 +375,9 @@ class DataPlaneClient:
         refresh_s: float = 5.0,
         wait_for_data_s: float = 600.0,
         share: tuple[int, int] | None = None,
+        split: Split | str = Split.TRAIN,
     ) -> None:
+        self.split = parse_split(split)
         if isinstance(servers, str):
             servers = [servers]
         if isinstance(servers, Sequence):
@@ -410,6 +419,7 @@ class DataPlaneClient:
             max_backoff_s=max_backoff_s,
             streams_per_server=streams_per_server,
             expected_samples=num_samples,
+            validation=self.split is Split.VAL,
         )
         self._num_samples = num_samples
         self._share: tuple[int, int] | None = None
@@ -489,13 +499,14 @@ class DataPlaneClient:
 
     @property
     def num_samples(self) -> int:
-        """Samples per epoch (learned from the first server admitted, waiting for one at most
-        ``wait_for_data_s``, when not given)."""
+        """Samples per epoch of the client's split (learned from the first server admitted,
+        waiting for one at most ``wait_for_data_s``, when not given)."""
         if self._num_samples is None:
             pool = self.pool
             if not pool.wait(lambda: pool.num_samples() is not None, self.wait_for_data_s):
+                what = "validation set's" if self.split is Split.VAL else "dataset"
                 raise DataPlaneUnavailable(
-                    "cannot learn the dataset size: no data server is serving "
+                    f"cannot learn the {what} size: no data server is serving "
                     f"({pool.discovery.describe()}):\n{pool.describe_errors()}"
                 )
             self._num_samples = pool.num_samples()
@@ -584,6 +595,12 @@ class DataPlaneClient:
             consumed.add(int(a), int(b))
         self._epoch = int(state["epoch"])
         self._consumed = consumed
+
+    def rewind(self) -> None:
+        """Forget the positions consumed in the current epoch: the next ``iter_epoch`` of it
+        delivers the whole share again (another pass over the validation set)."""
+        self._consumed = Intervals()
+        self.skipped_samples = 0
 
     def __iter__(self) -> Iterator[Batch]:
         """The current epoch (resumed where the state says), then the next epoch starts."""

@@ -2,11 +2,12 @@
 
 ``ServerPool`` asks its discovery source every ``refresh_s`` seconds. A new address is admitted
 (state ``serving``) once the standard gRPC health check answers ``SERVING`` and ``GetInfo``
-reports the dataset the client expects; then every listener is told, so an epoch in flight gives
-it work at once. A stream that fails reports it here: the server is ``failed`` and checked again
-after a backoff (``backoff_s`` doubling to ``max_backoff_s``), and readmitted when healthy. An
-address the source no longer lists is forgotten and its channels closed (its streams' ranges go
-back to the pool).
+reports the dataset the client expects (the size of its split: ``num_samples`` for training,
+``num_val_samples`` for a validation client, which never admits a server without one); then
+every listener is told, so an epoch in flight gives it work at once. A stream that fails
+reports it here: the server is ``failed`` and checked again after a backoff (``backoff_s``
+doubling to ``max_backoff_s``), and readmitted when healthy. An address the source no longer
+lists is forgotten and its channels closed (its streams' ranges go back to the pool).
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class ServerPool:
     streams_per_server: int = 1
     expected_samples: int | None = None
     """Servers reporting another dataset size are not admitted (their order would differ)."""
+    validation: bool = False
+    """The sizes compared are the validation split's (``ServerInfo.num_val_samples``), not the
+    training split's; a server with no validation set is not admitted."""
     _servers: dict[str, _Server] = field(default_factory=dict)
     _listeners: list[Callable[[str], None]] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -188,13 +192,18 @@ class ServerPool:
                 info = dataplane_pb2_grpc.DataPlaneStub(channel).GetInfo(
                     dataplane_pb2.GetInfoRequest(), timeout=HEALTH_TIMEOUT_S
                 )
-                info_samples = int(info.num_samples)
+                if self.validation:
+                    info_samples = int(info.num_val_samples)
+                    if info_samples == 0:
+                        problem = (
+                            "has no validation set (its spec sets neither job.dataset.val_path "
+                            "nor job.dataset.val_fraction)"
+                        )
+                else:
+                    info_samples = int(info.num_samples)
                 expected = self.expected_samples
-                if expected is not None and info_samples != expected:
-                    problem = (
-                        f"serves {info_samples} samples, the job has {expected}: "
-                        "a different dataset (check its spec)"
-                    )
+                if problem is None and expected is not None and info_samples != expected:
+                    problem = self._size_mismatch(info_samples, expected)
         except grpc.RpcError as e:
             problem = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.Call) else str(e)
         admitted = False
@@ -220,6 +229,12 @@ class ServerPool:
             )
             for listener in listeners:
                 listener(server.address)
+
+    def _size_mismatch(self, served: int, expected: int) -> str:
+        what = "validation samples" if self.validation else "samples"
+        return (
+            f"serves {served} {what}, the job has {expected}: a different dataset (check its spec)"
+        )
 
     def _fail(self, server: _Server, problem: str) -> None:
         """Mark ``server`` failed and schedule its next check (the lock is held)."""
@@ -268,7 +283,7 @@ class ServerPool:
             return s.channels[slot % len(s.channels)] if s is not None else None
 
     def num_samples(self) -> int | None:
-        """The dataset size a serving server reported, if any has."""
+        """The size of the pool's split a serving server reported, if any has."""
         with self._cond:
             for s in self._servers.values():
                 if s.state is ServerState.SERVING and s.num_samples is not None:
@@ -282,11 +297,8 @@ class ServerPool:
             self.expected_samples = num_samples
             for s in self._servers.values():
                 if s.state is ServerState.SERVING and s.num_samples not in (None, num_samples):
-                    self._fail(
-                        s,
-                        f"serves {s.num_samples} samples, the job has {num_samples}: "
-                        "a different dataset (check its spec)",
-                    )
+                    assert s.num_samples is not None
+                    self._fail(s, self._size_mismatch(s.num_samples, num_samples))
             self._cond.notify_all()
 
     def report_failure(self, address: str, problem: str) -> None:

@@ -25,7 +25,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from training.data.augment import AugmentedSamples
 from training.data.order import batch_seed, epoch_order
-from training.data.transforms import decode_recipe, encode_recipe
+from training.data.splits import Split, parse_split
+from training.data.transforms import EvalTransform, decode_recipe, encode_recipe
 from training.dataplane.budget import MB, ByteBudget, default_memory_budget_bytes
 from training.dataplane.sources import AugmentingBatchSource, BatchSource, BatchWork
 from training.dataplane.v1 import dataplane_pb2
@@ -165,15 +166,31 @@ class DataPlaneServicer:
 
     def validate(self, request: dataplane_pb2.StreamBatchesRequest) -> str | None:
         """Why the request cannot be served, or None when it can."""
-        n = self._source.num_samples
+        try:
+            split = parse_split(request.split)
+        except ValueError as e:
+            return str(e)
         if request.batch_size < 1:
             return "batch_size must be at least 1"
         if request.stop <= request.start:
             return (
                 f"empty range: stop ({request.stop}) must be greater than start ({request.start})"
             )
-        if request.stop > n:
-            return f"stop ({request.stop}) is beyond the epoch: the dataset has {n} samples"
+        if split is Split.VAL:
+            n = self._source.num_val_samples
+            if n == 0:
+                return (
+                    "this data server has no validation set: its spec sets neither "
+                    "job.dataset.val_path nor job.dataset.val_fraction (start the data servers "
+                    "with the trainer's spec)"
+                )
+            if request.stop > n:
+                return f"stop ({request.stop}) is beyond the validation set: it has {n} samples"
+        elif request.stop > self._source.num_samples:
+            return (
+                f"stop ({request.stop}) is beyond the epoch: the dataset has "
+                f"{self._source.num_samples} samples"
+            )
         if request.recipe:
             try:
                 decode_recipe(request.recipe)
@@ -264,9 +281,17 @@ class DataPlaneServicer:
         if problem is not None:
             log.warning("refused StreamBatches from %s: %s", context.peer(), problem)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        recipe = decode_recipe(request.recipe) if request.recipe else self._source.default_recipe
+        split = parse_split(request.split)
+        if request.recipe:
+            recipe = decode_recipe(request.recipe)
+        elif split is Split.VAL:
+            recipe = self._source.default_eval_recipe
+        else:
+            recipe = self._source.default_recipe
         size = request.image_size or self._source.image_size
-        order = self._order(request.seed, request.epoch)
+        # Training: the epoch's permutation. Validation: identity order (position i is
+        # validation sample i), whatever the seed and epoch.
+        order = self._order(request.seed, request.epoch) if split is Split.TRAIN else None
         pending: collections.deque[tuple[int, int, int, futures.Future[AugmentedSamples]]] = (
             collections.deque()
         )
@@ -293,11 +318,15 @@ class DataPlaneServicer:
                             return  # the client went away while this stream waited
                         held += charge
                     work = BatchWork(
-                        indices=tuple(order[position:end].tolist()),
+                        indices=tuple(
+                            order[position:end].tolist() if order is not None
+                            else range(position, end)
+                        ),
                         recipe=recipe,
                         image_size=size,
                         rng_seed=batch_seed(request.seed, request.epoch, position),
-                    )
+                        split=split,
+                    )  # fmt: skip
                     # ``held`` already counts the charge: if submit raises, ``finally`` frees it.
                     try:
                         future = self._source.submit(work)
@@ -338,6 +367,7 @@ class DataPlaneServicer:
             _refuse_undecodable(request, context)
         return dataplane_pb2.ServerInfo(
             num_samples=self._source.num_samples,
+            num_val_samples=self._source.num_val_samples,
             num_classes=self._source.num_classes,
             image_size=self._source.image_size,
             default_recipe=encode_recipe(self._source.default_recipe),
@@ -461,11 +491,12 @@ def create_server(
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "data server on %s:%d: %d samples, %dpx, recipe %s, %d worker(s), "
+        "data server on %s:%d: %d samples (+ %d validation), %dpx, recipe %s, %d worker(s), "
         "memory budget %d MB for batches in flight",
         host,
         bound,
         source.num_samples,
+        source.num_val_samples,
         source.image_size,
         encode_recipe(source.default_recipe),
         source.workers,
@@ -492,6 +523,7 @@ def serve(
     source = AugmentingBatchSource(
         spec.job.dataset,
         recipe=spec.job.augmentation,
+        eval_recipe=EvalTransform.from_spec(spec.job.eval),
         workers=workers if workers is not None else dp.workers_per_server,
     )
     try:

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from training.data.augment import AugmentedSamples, augment_samples
-from training.data.datasets import ImageSource, build_dataset
-from training.data.transforms import Transform, TransformSpec, build_transform
+from training.data.datasets import ImageSource
+from training.data.splits import Split, build_splits
+from training.data.transforms import EvalTransform, Transform, TransformSpec, build_transform
 from training.dataplane.lifetime import init_worker_lifetime, start_guarded_forkserver
 from training.spec import AugmentationSpec, DatasetSpec, Recipe
 
@@ -29,22 +30,28 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BatchWork:
-    """One batch to make: dataset ``indices`` in order, with the recipe, crop size and the seed
-    for its random augmentation."""
+    """One batch to make: ``indices`` of the ``split``'s source in order, with the recipe, crop
+    size and the seed for its random augmentation."""
 
     indices: tuple[int, ...]
     recipe: TransformSpec
     image_size: int
     rng_seed: int
+    split: Split = Split.TRAIN
 
 
 class BatchSource(Protocol):
     """What a data server serves. ``submit`` must not block for long: it queues the work."""
 
     num_samples: int
+    """Samples of the training split."""
+    num_val_samples: int
+    """Samples of the validation split (0: none)."""
     num_classes: int
     image_size: int
     default_recipe: TransformSpec
+    default_eval_recipe: TransformSpec
+    """What a validation request with no recipe gets."""
     workers: int
 
     def submit(self, work: BatchWork) -> Future[AugmentedSamples]: ...
@@ -57,11 +64,21 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-# Worker-side memo: each worker process builds the dataset and transform once per config (the
+# Worker-side memo: each worker process builds the splits and transform once per config (the
 # S3 listing, folder scan, timm transform) and reuses them for every later batch.
 @functools.cache
-def _worker_source(spec: DatasetSpec) -> ImageSource:
-    return build_dataset(spec)
+def _worker_splits(spec: DatasetSpec) -> tuple[ImageSource, ImageSource | None]:
+    return build_splits(spec)
+
+
+def _worker_source(spec: DatasetSpec, split: Split = Split.TRAIN) -> ImageSource:
+    """The ``split``'s source in a worker process (the same ``build_splits`` as the server)."""
+    train, val = _worker_splits(spec)
+    if split is Split.TRAIN:
+        return train
+    if val is None:
+        raise ValueError("this data server has no validation set")
+    return val
 
 
 @functools.cache
@@ -77,7 +94,7 @@ def _augment_in_worker(spec: DatasetSpec, work: BatchWork, reseed: bool) -> Augm
         np.random.seed(work.rng_seed)  # timm's RandAugment picks its ops with np.random
         torch.manual_seed(work.rng_seed)
     return augment_samples(
-        _worker_source(spec),
+        _worker_source(spec, work.split),
         _worker_transform(work.recipe, work.image_size),
         work.indices,
         work.image_size,
@@ -92,7 +109,10 @@ def _init_worker() -> None:
 
 
 class AugmentingBatchSource:
-    """Augments ``dataset`` on CPU in ``workers`` processes (default: one per core).
+    """Augments ``dataset`` on CPU in ``workers`` processes (default: one per core): its
+    training split, and its validation split (``training.data.splits.build_splits``) for
+    validation requests. ``source``/``val_source`` replace the splits in this process (tests);
+    worker processes always build theirs from ``dataset``.
 
     ``processes=False`` runs the same code in threads of this process (small tests, debugging).
     A worker that dies is replaced: the pool is rebuilt and the batch fails (the stream reports
@@ -105,20 +125,28 @@ class AugmentingBatchSource:
         dataset: DatasetSpec,
         *,
         recipe: TransformSpec | Recipe = Recipe.STANDARD,
+        eval_recipe: EvalTransform | None = None,
         workers: int = 0,
         processes: bool = True,
         source: ImageSource | None = None,
+        val_source: ImageSource | None = None,
     ) -> None:
         self.dataset = dataset
         self.default_recipe: TransformSpec = (
             AugmentationSpec(preset=Recipe(recipe)) if isinstance(recipe, str) else recipe
         )
+        self.default_eval_recipe: TransformSpec = eval_recipe or EvalTransform()
         self.image_size = dataset.image_size
         self.workers = workers if workers > 0 else available_cores()
         self._processes = processes
-        # The server process lists the dataset once to learn its size; workers list their own.
-        self._source = source if source is not None else build_dataset(dataset)
+        # The server process lists the dataset once to learn the splits' sizes; workers list
+        # their own.
+        if source is None:
+            self._source, self._val_source = build_splits(dataset)
+        else:
+            self._source, self._val_source = source, val_source
         self.num_samples = len(self._source)
+        self.num_val_samples = len(self._val_source) if self._val_source is not None else 0
         self.num_classes = self._source.num_classes
         self._lock = threading.Lock()
         self._executor = self._new_executor()
@@ -136,9 +164,12 @@ class AugmentingBatchSource:
             try:
                 if self._processes:
                     return self._executor.submit(_augment_in_worker, self.dataset, work, True)
+                split_source = self._source if work.split is Split.TRAIN else self._val_source
+                if split_source is None:
+                    raise ValueError("this data server has no validation set")
                 return self._executor.submit(
                     augment_samples,
-                    self._source,
+                    split_source,
                     _worker_transform(work.recipe, work.image_size),
                     work.indices,
                     work.image_size,
@@ -173,9 +204,11 @@ class PremadeBatchSource:
         num_classes: int = 1000,
     ) -> None:
         self.num_samples = num_samples
+        self.num_val_samples = 0
         self.num_classes = num_classes
         self.image_size = image_size
         self.default_recipe: TransformSpec = AugmentationSpec()
+        self.default_eval_recipe: TransformSpec = EvalTransform()
         self.workers = 0
         rng = np.random.default_rng(0)
         self._pixels = rng.integers(0, 256, (max_batch, 3, image_size, image_size), dtype=np.uint8)

@@ -31,6 +31,7 @@ class StreamBatchesRequest(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     RECIPE_FIELD_NUMBER: _builtins.int
     IMAGE_SIZE_FIELD_NUMBER: _builtins.int
+    SPLIT_FIELD_NUMBER: _builtins.int
     seed: _builtins.int
     """the job's seed; with epoch, fixes the order of the epoch"""
     epoch: _builtins.int
@@ -44,6 +45,11 @@ class StreamBatchesRequest(_message.Message):
     """augmentation recipe; empty: the server's default"""
     image_size: _builtins.int
     """side of the square crop; 0: the server's default"""
+    split: _builtins.str
+    """Which split: "" or "train": the training split, positions mapped by the (seed, epoch)
+    permutation; "val": the validation split in identity order (position i is validation
+    sample i; seed and epoch do not change it), stop at most num_val_samples.
+    """
     def __init__(
         self,
         *,
@@ -54,10 +60,11 @@ class StreamBatchesRequest(_message.Message):
         batch_size: _builtins.int = ...,
         recipe: _builtins.str = ...,
         image_size: _builtins.int = ...,
+        split: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "epoch", b"epoch", "image_size", b"image_size", "recipe", b"recipe", "seed", b"seed", "start", b"start", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "epoch", b"epoch", "image_size", b"image_size", "recipe", b"recipe", "seed", b"seed", "split", b"split", "start", b"start", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -92,11 +99,11 @@ class Batch(_message.Message):
 
     @_builtins.property
     def sample_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """N dataset indices, in the same order as the images"""
+        """N indices into the request's split, in image order"""
 
     @_builtins.property
     def skipped_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """dataset indices in that range that could not be read"""
+        """indices (of the split) in that range that could not be read"""
 
     def __init__(
         self,
@@ -144,7 +151,9 @@ class ServerInfo(_message.Message):
     RECIPES_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
+    NUM_VAL_SAMPLES_FIELD_NUMBER: _builtins.int
     num_samples: _builtins.int
+    """samples of the training split"""
     num_classes: _builtins.int
     image_size: _builtins.int
     """default crop side"""
@@ -153,6 +162,8 @@ class ServerInfo(_message.Message):
     """a batch larger than this is refused (INVALID_ARGUMENT)"""
     workers: _builtins.int
     """augmentation worker processes"""
+    num_val_samples: _builtins.int
+    """samples of the validation split; 0: no validation set"""
     @_builtins.property
     def recipes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """recipes a request may name"""
@@ -167,10 +178,11 @@ class ServerInfo(_message.Message):
         recipes: _abc.Iterable[_builtins.str] | None = ...,
         max_message_bytes: _builtins.int = ...,
         workers: _builtins.int = ...,
+        num_val_samples: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_recipe", b"default_recipe", "image_size", b"image_size", "max_message_bytes", b"max_message_bytes", "num_classes", b"num_classes", "num_samples", b"num_samples", "recipes", b"recipes", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_recipe", b"default_recipe", "image_size", b"image_size", "max_message_bytes", b"max_message_bytes", "num_classes", b"num_classes", "num_samples", b"num_samples", "num_val_samples", b"num_val_samples", "recipes", b"recipes", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
