@@ -63,6 +63,9 @@ class ModelConfig:
     """Side of the square input (``job.dataset.image_size``)."""
     num_classes: int
     """Classifier width (``job.dataset.num_classes``)."""
+    init: str | None = None
+    """Start from these weights (``job.model.init``): a ``model.safetensors`` path or ``s3://``
+    URI; ``training.trainer.model.build_model`` loads it."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,7 @@ class TrainerConfig:
                 overrides=overrides,
                 image_size=job.dataset.image_size,
                 num_classes=job.dataset.num_classes,
+                init=job.model.init,
             ),
             optim=OptimConfig(
                 lr=job.lr, weight_decay=job.weight_decay, warmup_steps=job.warmup_steps
