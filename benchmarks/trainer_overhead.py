@@ -34,7 +34,7 @@ def bare_loop(spec: Any, steps: int, warmup: int) -> float:
     model = build_model(config.model, seed=0).to(device)
     if config.compile:
         model.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=config.optim.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.spec.job.lr)
     s, b = config.model.image_size, config.batch_size
     images = torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8)
     labels = torch.randint(0, config.model.num_classes, (b,))

@@ -295,3 +295,120 @@ def test_cluster_name_keeps_stack_name_rule(bad: str) -> None:
     assert problems(spec_with(name=bad)) == [
         f"name: {bad!r} must be lowercase letters, digits and '-', 1-31 characters"
     ]
+
+
+def job_with(**job: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(GOOD)
+    doc["job"].update(job)
+    return doc
+
+
+FOLDER = {"source": "folder", "path": "/data/train"}
+
+
+@pytest.mark.parametrize(
+    ("job", "problem"),
+    [
+        ({"augmentation": "imagenet"}, "job.augmentation: 'imagenet' is not a preset; use one of"),
+        ({"augmentation": {"scale": [0.5]}}, "job.augmentation.scale: expected [min, max]"),
+        ({"augmentation": {"scale": [0.5, 1.5]}}, "job.augmentation.scale: area shares must be"),
+        ({"augmentation": {"ratio": [2.0, 1.0]}}, "job.augmentation.ratio: expected [min, max]"),
+        ({"augmentation": {"hflip": 1.5}}, "job.augmentation.hflip: must be in [0, 1], got 1.5"),
+        ({"augmentation": {"vflip": -0.1}}, "job.augmentation.vflip: must be in [0, 1]"),
+        ({"augmentation": {"color_jitter": [0.1, 0.2]}}, "job.augmentation.color_jitter: expe"),
+        ({"augmentation": {"auto_augment": "randaug"}}, "job.augmentation.auto_augment: 'rand"),
+        ({"augmentation": {"interpolation": "lanczos"}}, "job.augmentation.interpolation: 'la"),
+        ({"augmentation": {"re_prob": 2}}, "job.augmentation.re_prob: must be in [0, 1], got 2"),
+        ({"augmentation": {"re_mode": "zero"}}, "job.augmentation.re_mode: 'zero' is not valid"),
+        ({"augmentation": {"re_count": 0}}, "job.augmentation.re_count: must be at least 1"),
+        ({"augmentation": {"preset": "none", "hflip": 0.5}}, "job.augmentation.preset: 'none' o"),
+        ({"augmentation": {"hflp": 0.5}}, "job.augmentation.hflp: unknown key (did you mean 'hf"),
+        ({"optimizer": "adagrad"}, "job.optimizer: 'adagrad' is not valid; use one of 'adamw', "),
+        ({"schedule": "step"}, "job.schedule: 'step' is not valid; use one of 'cosine', 'cons"),
+        ({"min_lr": 0.1, "lr": 0.01}, "job.min_lr: must be in [0, lr = 0.01], got 0.1"),
+        ({"clip_grad_norm": -1.0}, "job.clip_grad_norm: must be > 0 (or 0: no clipping)"),
+        ({"label_smoothing": 0.7}, "job.label_smoothing: must be in [0, 0.5], got 0.7"),
+        ({"weight_decay": -0.1}, "job.weight_decay: must be >= 0, got -0.1"),
+        ({"momentum": 1.5}, "job.momentum: must be in [0, 1], got 1.5"),
+        ({"mixup": {"mixup_alpha": -1.0}}, "job.mixup.mixup_alpha: must be >= 0 (0: off)"),
+        ({"mixup": {"prob": 0.5}}, "job.mixup: set mixup_alpha and/or cutmix_alpha above 0"),
+        ({"mixup": {"cutmix_alpha": 1.0, "mode": "row"}}, "job.mixup.mode: 'row' is not valid"),
+        ({"mixup": {"mixup_alpha": 0.8}, "batch_size": 7}, "job.batch_size: 7 is odd, but tim"),
+        ({"ema": {"decay": 1.0}}, "job.ema.decay: must be in [0, 0.999999], got 1"),
+        ({"ema": {}}, ""),  # an empty table is no EMA (and no problem)
+        ({"ema": {"enabled": True}}, "job.ema.decay: missing; e.g. decay = 0.999"),
+        ({"eval": {"every_steps": 10}}, "job.eval: no validation set to evaluate on; set job"),
+        ({"accuracy_targets": [0.8, 1.2]}, "job.accuracy_targets[1]: expected a top-1 share in"),
+        ({"accuracy_targets": [0.8]}, "job.accuracy_targets: need a validation set; set job"),
+        ({"dataset": {"val_fraction": 0.6}}, "job.dataset.val_fraction: must be in [0, 0.5], go"),
+        ({"dataset": {"val_path": "/v"}}, "job.dataset.val_path: source 'synthetic' has no fol"),
+        (
+            {"dataset": {**FOLDER, "val_path": "/v", "val_fraction": 0.1}},
+            "job.dataset.val_fraction: set either val_path (a validation folder or prefix) or",
+        ),
+        (
+            {"dataset": {**FOLDER, "val_path": "s3://b/val/"}},
+            "job.dataset.val_path: source 'folder' needs val_path = a local folder",
+        ),
+        (
+            {"dataset": {**FOLDER, "val_path": "/data/train/"}},
+            "job.dataset.val_path: is the training path; validation must be other images",
+        ),
+        (
+            {"dataset": {"source": "s3", "path": "s3://b/t/", "val_path": "/v"}},
+            "job.dataset.val_path: source 's3' needs val_path = 's3://bucket/prefix/'",
+        ),
+        ({"model": {"init": " "}}, "job.model.init: empty; give a model.safetensors path"),
+    ],
+)
+def test_every_recipe_and_validation_value_is_refused_with_its_fix(
+    job: dict[str, Any], problem: str
+) -> None:
+    if not problem:
+        assert not parse_spec(job_with(**job)).job.ema.enabled
+        return
+    found = problems(job_with(**job))
+    assert any(p.startswith(problem) for p in found), found
+
+
+def test_ema_needs_ddp() -> None:
+    doc = job_with(ema={"decay": 0.999}, parallelism={"strategy": "fsdp"})
+    assert problems(doc) == [
+        "job.ema: weight EMA keeps a full copy of the model on every rank, which strategy 'fsdp' "
+        "exists to avoid; use strategy = 'ddp' or remove [job.ema]"
+    ]
+
+
+def test_a_full_recipe_parses_into_its_fields() -> None:
+    job = parse_spec(
+        job_with(
+            augmentation={
+                "preset": "randaugment",
+                "scale": [0.5, 1],
+                "hflip": 0,
+                "color_jitter": [0.4, 0.4, 0.4],
+                "interpolation": "bicubic",
+                "re_prob": 0.25,
+            },
+            optimizer="lamb",
+            schedule="cosine",
+            min_lr=1e-6,
+            clip_grad_norm=1,
+            label_smoothing=0.1,
+            mixup={"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "prob": 0.5},
+            ema={"decay": 0.999},
+            eval={"every_steps": 50, "crop_pct": 0.9},
+            accuracy_targets=[0.9, 0.5],
+            dataset={"source": "folder", "path": "/d/train", "val_path": "/d/val"},
+            model={"name": "vit_small_patch16_224", "init": "s3://b/model.safetensors"},
+        )  # fmt: skip
+    ).job
+    aug = job.augmentation
+    assert (aug.preset.value, aug.scale, aug.hflip, aug.color_jitter) == (
+        "randaugment", (0.5, 1.0), 0.0, (0.4, 0.4, 0.4),
+    )  # fmt: skip
+    assert aug.describe().startswith("randaugment(scale=(0.5, 1.0), hflip=0.0")
+    assert (job.optimizer.value, job.min_lr, job.clip_grad_norm) == ("lamb", 1e-6, 1.0)
+    assert (job.mixup.cutmix_alpha, job.mixup.prob, job.ema.decay) == (1.0, 0.5, 0.999)
+    assert (job.eval.every_steps, job.eval.crop_pct, job.accuracy_targets) == (50, 0.9, (0.5, 0.9))
+    assert job.dataset.val_path == "/d/val" and job.model.init == "s3://b/model.safetensors"

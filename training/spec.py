@@ -942,11 +942,11 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
     if clip < 0:
         r.problem("clip_grad_norm", f"must be > 0 (or 0: no clipping), got {clip:g}")
     batch_size = r.positive(t, "batch_size", d.batch_size)
-    if mixup.enabled and mixup.mode is not MixupMode.ELEM and batch_size % 2:
+    if mixup.enabled and batch_size % 2:
         r.problem(
             "batch_size",
-            f"{batch_size} is odd, but mixup/cutmix mode '{mixup.mode}' mixes a batch with its "
-            "reverse in pairs; use an even batch_size",
+            f"{batch_size} is odd, but timm's Mixup mixes a batch with its reverse and needs an "
+            "even batch; use an even batch_size",
         )
     return JobSpec(
         model=model,

@@ -46,8 +46,11 @@ def write_spec(
     instances: int = 1,
     ranks_per_instance: int = 1,
     async_save: bool = False,
+    job_keys: str = "",
+    tables: str = "",
 ) -> Path:
-    """A spec for the tiny CPU ViT on in-memory synthetic data."""
+    """A spec for the tiny CPU ViT on in-memory synthetic data; ``job_keys`` go under
+    ``[job]``, ``tables`` (e.g. ``[job.mixup]``) at the end."""
     text = f"""{GROUPS.format(count=instances, ranks=ranks_per_instance)}
 [job]
 batch_size = {batch_size}
@@ -56,6 +59,7 @@ steps = {steps}
 lr = 1e-3
 precision = "fp32"
 log_every_steps = 1
+{job_keys}
 [job.model]
 name = "vit-cpu-tiny"
 [job.dataset]
@@ -70,6 +74,7 @@ async_save = {"true" if async_save else "false"}
 [job.parallelism]
 strategy = "{strategy}"
 {extra_parallel}
+{tables}
 """
     path = directory / name
     path.write_text(text)

@@ -48,7 +48,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "line, read again every few seconds), ec2[:CLUSTER] (instances by the cluster's tags), "
         "sagemaker[:PATH] (resourceconfig.json) or loopback (default: local DataLoader)",
     )
-    p.add_argument("--steps", type=int, help="optimizer steps (overrides job.steps/epochs)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="stop after N optimizer steps (overrides job.steps/epochs; the learning-rate "
+        "schedule keeps the spec's length)",
+    )
     p.add_argument("--max-seconds", type=float, help="stop with a checkpoint after S seconds")
     p.add_argument(
         "--checkpoint-dir",

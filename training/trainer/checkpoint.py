@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from training.trainer.checkpoint_s3 import S3CheckpointStore
@@ -183,6 +184,9 @@ class Checkpointer:
         self.async_group = async_group
         """DCP's collectives in background saves (None: ``group``)."""
         self._uploader: ThreadPoolExecutor | None = None
+        self.extra: dict[str, nn.Module] = {}
+        """More modules saved and restored with every checkpoint, under their key (the weight
+        EMA: ``"ema"``). A checkpoint without a key's state starts it from the model's."""
 
     @property
     def _distributed(self) -> bool:
@@ -418,11 +422,14 @@ class Checkpointer:
         if self._distributed:
             all_data = [None] * self.world_size
             dist.all_gather_object(all_data, data_state, group=self.group)
-        return {
+        state = {
             "model": model_sd,
             "optim": optim_sd,
             "train": {"step": step, "world_size": self.world_size, "data": json.dumps(all_data)},
         }
+        for key, module in self.extra.items():
+            state[key] = module.state_dict()
+        return state
 
     def _finish_local(self, step: int, partial: Path, final: Path) -> None:
         """Rank 0 renames the folder into place, writes the marker and prunes; every rank
@@ -526,10 +533,21 @@ class Checkpointer:
             "optim": optim_sd,
             "train": {"step": 0, "world_size": 0, "data": ""},
         }
+        saved = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+        for key, module in self.extra.items():
+            if any(k.startswith(f"{key}.") for k in saved):
+                state[key] = module.state_dict()
+            else:
+                log.warning("%s holds no %r state: it starts from the current weights", path, key)
+                inner = model.module if isinstance(model, DistributedDataParallel) else model
+                module.load_state_dict(inner.state_dict())
         dcp.load(state, checkpoint_id=str(path), process_group=self.group)
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
+        for key, module in self.extra.items():
+            if key in state:
+                module.load_state_dict(state[key])
         train = state["train"]
         log.info("resumed from %s (step %d) in %.2fs", path, train["step"], _since(started))
         return Restored(

@@ -69,15 +69,6 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class OptimConfig:
-    lr: float
-    """Peak AdamW learning rate."""
-    weight_decay: float
-    warmup_steps: int
-    """Linear warmup from 0 to ``lr``; constant afterwards."""
-
-
-@dataclass(frozen=True)
 class ParallelConfig:
     strategy: Parallelism
     """``ddp``, ``fsdp`` (FSDP2 over all ranks) or ``hsdp`` (shard in a node, replicate across)."""
@@ -136,7 +127,6 @@ class TrainerConfig:
     run_dir: Path
     """Metrics (``metrics.jsonl``, ``metrics.png``, ``summary.json``) go here."""
     model: ModelConfig
-    optim: OptimConfig
     parallel: ParallelConfig
     checkpoint: CheckpointConfig
     input: InputConfig
@@ -269,9 +259,6 @@ class TrainerConfig:
                 image_size=job.dataset.image_size,
                 num_classes=job.dataset.num_classes,
                 init=job.model.init,
-            ),
-            optim=OptimConfig(
-                lr=job.lr, weight_decay=job.weight_decay, warmup_steps=job.warmup_steps
             ),
             parallel=ParallelConfig(
                 strategy=job.parallelism.strategy,

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
@@ -36,12 +35,30 @@ from training.outcome import Outcome, RankOutcome
 from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
-from training.trainer.config import TrainerConfig
+from training.trainer.config import InputKind, TrainerConfig
+from training.trainer.eval_data import ValidationBatches
+from training.trainer.evaluate import Scores, evaluate
 from training.trainer.inputs import BatchStream, DataInterrupted, EndOfData, build_stream
-from training.trainer.metrics import Interval, MetricsLogger, RunFacts, peak_flops
+from training.trainer.metrics import (
+    EvalResult,
+    EvalScores,
+    Interval,
+    MetricsLogger,
+    RunFacts,
+    peak_flops,
+)
 from training.trainer.model import build_model, training_flops_per_sample
 from training.trainer.parallel_dims import ParallelDims
 from training.trainer.parallelize import compile_blocks, parallelize
+from training.trainer.recipe import (
+    BatchRecipe,
+    LearningRate,
+    build_ema,
+    build_optimizer,
+    clip_gradients,
+    recipe_summary,
+    unwrap,
+)
 from training.trainer.sample_log import SampleLog
 from training.trainer.signals import StopSignal
 
@@ -125,10 +142,16 @@ class Trainer:
             model, self.dims, self.mesh, self.device, bf16=self.autocast,
             grad_compression=config.parallel.grad_compression,
         )  # fmt: skip
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(self.model, config.optim.weight_decay), lr=config.optim.lr
-        )
+        job = config.spec.job
+        self.optimizer = build_optimizer(self.model, job)
         self.stream = stream or build_stream(config, rank=self.rank, world_size=self.world_size)
+        self.schedule = LearningRate(self.optimizer, job, self._planned_steps())
+        self.recipe = BatchRecipe(job, num_classes=config.model.num_classes, device=self.device)
+        self.ema = build_ema(self.model, job, self.device)
+        self.validation: ValidationBatches | None = None
+        if job.dataset.has_validation and config.input.kind is not InputKind.SYNTHETIC:
+            self.validation = ValidationBatches(config, rank=self.rank, world_size=self.world_size)
+        self.evaluations: list[EvalResult] = []
         ckpt = config.checkpoint
         # Checkpoint collectives on a gloo group of their own, with a longer timeout (a slow
         # upload is not a lost peer); background saves' DCP collectives on another, so a
@@ -140,6 +163,8 @@ class Trainer:
             group=gloo_group(timeouts.checkpoint_s),
             async_group=gloo_group(timeouts.checkpoint_s) if ckpt.async_save else None,
         )  # fmt: skip
+        if self.ema is not None:
+            self.checkpointer.extra["ema"] = self.ema.module
         self.checkpointer.check_shared_folder()
         self.policy = CheckpointPolicy(
             self.checkpointer, interval_steps=ckpt.interval_steps, async_save=ckpt.async_save,
@@ -165,8 +190,9 @@ class Trainer:
             else None
         )
         self.state_bytes: dict[str, int] = {}
+        self._facts_cache = self._facts()
         self.metrics = MetricsLogger(
-            config.run_dir, self._facts(), rank=self.rank, device=self.device,
+            config.run_dir, self._facts_cache, rank=self.rank, device=self.device,
             emf_cluster=config.emf_cluster,
         )  # fmt: skip
 
@@ -183,6 +209,7 @@ class Trainer:
             flops_per_sample=flops,
             peak_flops_per_rank=peak,
             total_steps=c.total_steps,
+            accuracy_targets=c.spec.job.accuracy_targets,
         )
 
     # ---------------------------------------------------------------------------------------
@@ -210,13 +237,20 @@ class Trainer:
             )  # fmt: skip
             self.stream.load_state_dict({"epoch": epoch, "batch": 0})
 
+    def _planned_steps(self) -> int:
+        """Optimizer steps of the job the spec plans (the schedule's length): ``job.steps``, or
+        ``job.epochs`` times the steps in one epoch. ``--steps`` only moves where this run
+        stops, so a run cut short and resumed follows the uninterrupted run's schedule."""
+        job = self.config.spec.job
+        if job.total_steps is not None:
+            return job.total_steps
+        batches = int(getattr(self.stream, "batches_per_epoch", 1))
+        return max(1, batches // self.config.grad_accum_steps) * (job.epochs or 1)
+
     def lr_at(self, step: int) -> float:
-        """Linear warmup to the peak over ``warmup_steps``, constant after (stateless in the
-        step, so resume needs no scheduler state)."""
-        o = self.config.optim
-        if o.warmup_steps and step <= o.warmup_steps:
-            return o.lr * step / o.warmup_steps
-        return o.lr
+        """The learning rate of optimizer step ``step`` (``recipe.LearningRate``: a function of
+        the step, so resume needs no scheduler state)."""
+        return self.schedule.at(step)
 
     def normalise(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 NCHW on the host -> normalised float on the device."""
@@ -234,7 +268,7 @@ class Trainer:
             self.model.set_requires_gradient_sync(sync)
         yield
 
-    def _micro_step(self, batch: Batch, sync: bool) -> torch.Tensor:
+    def _micro_step(self, batch: Batch, sync: bool, micro: int = 0) -> torch.Tensor:
         empty = len(batch) == 0
         if empty:
             # Every sample of this batch was unreadable. The rank still steps, so every rank
@@ -247,11 +281,14 @@ class Trainer:
             )
         images = self.normalise(batch.images)
         labels = batch.labels.to(self.device, non_blocking=True)
+        if self.recipe.active:
+            images, labels = self.recipe.apply(images, labels, step=self.step + 1, micro=micro)
         with (
             self._grad_sync(sync),
             torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast),
         ):
-            loss = F.cross_entropy(self.model(images), labels) / self.config.grad_accum_steps
+            logits = self.model(images)
+            loss = self.recipe.loss(logits, labels) / self.config.grad_accum_steps
             if empty:
                 loss = loss * 0.0
             loss.backward()
@@ -262,16 +299,17 @@ class Trainer:
         checkpoint and write metrics. Sets ``self.outcome`` and returns its exit code."""
         c = self.config
         self.resume()
+        job = c.spec.job
         start_step = self.step
         started = time.perf_counter()
+        eval_excluded: list[float] = []  # seconds spent evaluating (not training time)
         interval = Interval()
         loss_sum = torch.zeros((), device=self.device)
         stopped_by = "steps"
         lr = self.lr_at(self.step + 1)
         while c.total_steps is None or self.step < c.total_steps:
             lr = self.lr_at(self.step + 1)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            LearningRate.apply(self.optimizer, lr)
             data_state = self.stream.state_dict()  # the position before this step's batches
             void = False  # this rank was stopped while waiting for a batch
             step_loss = torch.zeros((), device=self.device)
@@ -290,7 +328,8 @@ class Trainer:
                     if micro == 0:
                         epoch = self.stream.epoch  # the epoch this step's first batch is from
                     step_ids.append(batch.sample_ids)
-                    step_loss += self._micro_step(batch, sync=micro == c.grad_accum_steps - 1)
+                    last_micro = micro == c.grad_accum_steps - 1
+                    step_loss += self._micro_step(batch, sync=last_micro, micro=micro)
             except EndOfData:
                 self.optimizer.zero_grad(set_to_none=True)  # A partial accumulation: dropped.
                 stopped_by = "epochs"
@@ -311,6 +350,7 @@ class Trainer:
                 break
             # A background save must have copied the state before the optimizer changes it.
             stall = self.policy.before_update()
+            clip_gradients(self.model, job.clip_grad_norm)
             self.optimizer.step()
             if self.step == start_step:
                 self.state_bytes = local_state_bytes(self.model, self.optimizer)
@@ -318,6 +358,8 @@ class Trainer:
             loss_sum += step_loss
             self.step += 1
             interval.steps += 1
+            if self.ema is not None:
+                self.ema.update(unwrap(self.model), step=self.step)
             if self.samples is not None:
                 self.samples.append(self.step, epoch, step_ids)
             last = flags.stop or self.step == c.total_steps
@@ -331,10 +373,16 @@ class Trainer:
             stall += self.policy.at_step(self.step, flags, self.model, self.optimizer, self._data())
             interval.started += stall  # Saving is not step time.
             interval.checkpoint_s += stall
+            every = job.eval.every_steps
+            if every and self.step % every == 0 and self.step != c.total_steps:
+                # Evaluating is neither step time nor data wait.
+                interval.started += self._validate(started, eval_excluded)
         if interval.steps:
             self._log(interval, loss_sum, lr)
         final_error = self.policy.finish(self.step, self.model, self.optimizer, self._data())
         self.outcome = self._outcome(stopped_by, final_error)
+        if self.outcome.outcome is Outcome.FINISHED and self.validation is not None:
+            self._validate(started, eval_excluded)
         memory = {**self.state_bytes, "peak_rss_bytes": peak_rss_bytes()}
         if self.device.type == "cuda":
             memory["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -356,6 +404,7 @@ class Trainer:
                 "cluster_usd_per_hour": self.config.spec.usd_per_hour(),
                 "memory_per_rank": per_rank,
                 "checkpoint": self.policy.summary(),
+                "recipe": recipe_summary(self.config.spec.job),
             }
         )
         self.summary = summary
@@ -368,6 +417,37 @@ class Trainer:
         finished = self.outcome.outcome is Outcome.FINISHED
         self.stream.close(job_done=finished and self.rank == 0)
         return self.outcome.outcome.exit_code
+
+    def _validate(self, started: float, excluded: list[float]) -> float:
+        """Score the raw weights (and the EMA's) on the whole validation set, log it, and
+        return the seconds it took; ``excluded`` collects them (they are not training time)."""
+        assert self.validation is not None
+        t0 = time.perf_counter()
+        wall = t0 - started - sum(excluded)  # training time so far, earlier evaluations out
+        size = self.config.model.image_size
+
+        def score(model: nn.Module) -> Scores:
+            assert self.validation is not None
+            return evaluate(
+                model, self.validation.iter_batches(), passes=self.validation.batches_per_rank,
+                normalise=self.normalise, device=self.device, autocast=self.autocast,
+                image_size=size,
+            )  # fmt: skip
+
+        raw = score(unwrap(self.model))
+        ema = score(self.ema.module) if self.ema is not None else None
+        eval_s = time.perf_counter() - t0
+        result = EvalResult(
+            top1=raw.top1, top5=raw.top5, loss=raw.loss, samples=raw.samples, eval_s=eval_s,
+            ema=EvalScores(top1=ema.top1, top5=ema.top5, loss=ema.loss) if ema else None,
+        )  # fmt: skip
+        self.evaluations.append(result)
+        self.metrics.log_eval(
+            self.step, result, samples_seen=self.step * self._facts_cache.global_batch,
+            train_wall_s=wall,
+        )  # fmt: skip
+        excluded.append(eval_s)
+        return eval_s
 
     def _outcome(self, stopped_by: str, final_error: str | None) -> RankOutcome:
         """Finished or stopped only with the last step durable; failed otherwise."""
@@ -422,27 +502,13 @@ class Trainer:
         """Leave the process group (if this trainer created it), restore signal handlers, close
         the sample log and stop the checkpoint upload thread."""
         self.stop.restore()
+        if self.validation is not None:
+            self.validation.close()
         if self.samples is not None:
             self.samples.close()
         self.checkpointer.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no weight decay on biases, norms and what timm's ``no_weight_decay()``
-    names (position embedding, class token)."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    skip: set[str] = set(getattr(inner, "no_weight_decay", set)())  # timm: pos_embed, ...
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, p in inner.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
 
 
 def _local_bytes(t: torch.Tensor) -> int:
