@@ -401,7 +401,7 @@ def test_a_full_recipe_parses_into_its_fields() -> None:
             accuracy_targets=[0.9, 0.5],
             dataset={"source": "folder", "path": "/d/train", "val_path": "/d/val"},
             model={"name": "vit_small_patch16_224", "init": "s3://b/model.safetensors"},
-        )  # fmt: skip
+        )
     ).job
     aug = job.augmentation
     assert (aug.preset.value, aug.scale, aug.hflip, aug.color_jitter) == (
