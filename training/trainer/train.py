@@ -38,6 +38,7 @@ from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import Scores, evaluate
+from training.trainer.export import export_trained
 from training.trainer.inputs import BatchStream, DataInterrupted, EndOfData, build_stream
 from training.trainer.metrics import (
     EvalResult,
@@ -381,8 +382,14 @@ class Trainer:
             self._log(interval, loss_sum, lr)
         final_error = self.policy.finish(self.step, self.model, self.optimizer, self._data())
         self.outcome = self._outcome(stopped_by, final_error)
-        if self.outcome.outcome is Outcome.FINISHED and self.validation is not None:
-            self._validate(started, eval_excluded)
+        exported: str | None = None
+        if self.outcome.outcome is Outcome.FINISHED:
+            if self.validation is not None:
+                self._validate(started, eval_excluded)
+            # The model a user loads: model.safetensors + config.json beside the checkpoints.
+            ema = self.ema.module if self.ema is not None else None
+            result = export_trained(self.model, ema, config=c, step=self.step, rank=self.rank)
+            exported = result.out if result is not None else None
         memory = {**self.state_bytes, "peak_rss_bytes": peak_rss_bytes()}
         if self.device.type == "cuda":
             memory["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -405,6 +412,7 @@ class Trainer:
                 "memory_per_rank": per_rank,
                 "checkpoint": self.policy.summary(),
                 "recipe": recipe_summary(self.config.spec.job),
+                "model": exported,
             }
         )
         self.summary = summary
