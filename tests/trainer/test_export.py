@@ -312,9 +312,21 @@ def test_s3_checkpoint_in_and_s3_model_out(tmp_path: Path, s3: Any) -> None:
         "before-parameter-build.s3.CreateMultipartUpload",
         lambda params, **_: uploads.append(params["Key"]),
     )
+    downloads: list[str] = []
+    s3.meta.events.register(
+        "before-parameter-build.s3.GetObject",
+        lambda params, **_: downloads.append(f"{params['Key']} {params.get('Range')}"),
+    )
     result = export_checkpoint(
         "s3://bucket/ckpt", spec=config.spec, out="s3://bucket/models/run-1/", client=s3
     )
+    # Only the EMA's bytes of the shard file came down (no optimizer state), and the metadata.
+    assert downloads[0].startswith("ckpt/step-3/.metadata ")
+    assert all(d.startswith("ckpt/step-3/__0_0.distcp bytes=") for d in downloads[1:]), downloads
+    fetched = sum(
+        1 + int(b) - int(a) for a, b in (d.rsplit("=", 1)[1].split("-") for d in downloads[1:])
+    )
+    assert fetched < (config.checkpoint.dir / "step-3" / "__0_0.distcp").stat().st_size / 3
     assert result.weights == "ema" and result.source == "s3://bucket/ckpt/step-3/"
     assert result.model_file == "s3://bucket/models/run-1/model.safetensors"
     assert result.config_file == "s3://bucket/models/run-1/config.json"
@@ -385,7 +397,7 @@ def _fsdp_rank(rank: int, port: int, tmp: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_checkpoint_of_two_fsdp_ranks_exports_in_one_process(tmp_path: Path) -> None:
+def test_a_checkpoint_of_two_fsdp_ranks_exports_in_one_process(tmp_path: Path, s3: Any) -> None:
     spec = folder_spec(tmp_path, strategy="fsdp")
     multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     torch_mp.start_processes(
@@ -415,6 +427,13 @@ def test_a_checkpoint_of_two_fsdp_ranks_exports_in_one_process(tmp_path: Path) -
     assert all(torch.equal(live[k], exported[k]) for k in live)
     meta = json.loads((ckpts / "model" / "config.json").read_text())["hetero"]
     assert meta["source"] == str(step) and meta["weights"] == "ema"
+    # From S3: only the EMA's byte ranges of both ranks' files are fetched; the same tensors.
+    store = S3CheckpointStore("s3://bucket/fsdp", client=s3)
+    store.upload_files(step, 2)
+    store.upload_marker(step / MARKER, 2)
+    export_checkpoint("s3://bucket/fsdp", spec=spec_, out=str(tmp_path / "from-s3"), client=s3)
+    from_s3 = load_file(str(tmp_path / "from-s3" / "model.safetensors"))
+    assert all(torch.equal(from_s3[k], exported[k]) for k in exported)
 
 
 # -- hetero export -----------------------------------------------------------------------------

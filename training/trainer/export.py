@@ -37,6 +37,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,13 +329,24 @@ def write_model(
 # -- reading a checkpoint ----------------------------------------------------------------------
 
 
-def find_step(
-    checkpoint: str, staging: Path, *, client: Any | None = None
-) -> tuple[Path, int, str]:
-    """The local ``step-N`` folder to read for ``checkpoint`` (a complete ``step-N`` folder or a
-    checkpoint root, local or ``s3://``; a root means its newest complete step), its step and
-    where it came from. S3 steps are downloaded into ``staging``. ``ExportError`` when the
-    folder is incomplete or holds no complete step."""
+@dataclass(frozen=True)
+class StepRef:
+    """A complete checkpoint step to export."""
+
+    path: Path
+    """The local ``step-N`` folder (for S3: where its files are fetched to)."""
+    step: int
+    source: str
+    """The folder or ``s3://.../step-N/`` URI, for messages and ``config.json``."""
+    store: S3CheckpointStore | None = None
+    """Set for S3 steps: nothing is fetched yet (``fetch_weights``)."""
+
+
+def find_step(checkpoint: str, staging: Path, *, client: Any | None = None) -> StepRef:
+    """The step to read for ``checkpoint``: a complete ``step-N`` folder or a checkpoint root
+    (its newest complete step), local or ``s3://`` (fetched into ``staging`` later, by
+    ``fetch_weights``). ``ExportError`` when the folder is incomplete or holds no complete
+    step."""
     if checkpoint.startswith("s3://"):
         try:
             bucket, prefix = parse_s3_uri(checkpoint)
@@ -358,15 +370,7 @@ def find_step(
             if newest is None:
                 raise ExportError(f"{checkpoint} holds no complete step-N checkpoint")
             step = newest
-        t0 = time.perf_counter()
-        got = store.download(step, staging / f"step-{step}")
-        log.info(
-            "downloaded %.1f MB of %s in %.2fs",
-            got / 1e6,
-            store.step_uri(step),
-            time.perf_counter() - t0,
-        )
-        return staging / f"step-{step}", step, store.step_uri(step)
+        return StepRef(staging / f"step-{step}", step, store.step_uri(step), store)
     path = Path(checkpoint).expanduser()
     if not path.is_dir():
         raise ExportError(f"{checkpoint} is not a folder (give a step-N folder or its root)")
@@ -378,7 +382,7 @@ def find_step(
                 "still running); give a complete step-N, or the checkpoint root to take its "
                 "newest complete step"
             )
-        return path, int(m.group(1)), str(path)
+        return StepRef(path, int(m.group(1)), str(path))
     if path.name.endswith(".partial"):
         raise ExportError(f"{path} is a save in progress or cut off (.partial), not a checkpoint")
     found = latest_complete(path)
@@ -386,7 +390,7 @@ def find_step(
         seen = [p.name for _, p in step_dirs(path)]
         hint = f" ({', '.join(seen)} have no {MARKER} marker)" if seen else ""
         raise ExportError(f"{path} holds no complete step-N checkpoint{hint}")
-    return found, int(found.name.removeprefix("step-")), str(found)
+    return StepRef(found, int(found.name.removeprefix("step-")), str(found))
 
 
 def saved_keys(step_dir: Path) -> dict[str, TensorStorageMetadata]:
@@ -400,27 +404,101 @@ def saved_keys(step_dir: Path) -> dict[str, TensorStorageMetadata]:
     }
 
 
-def read_weights(step_dir: Path, *, weights: str = "auto") -> tuple[dict[str, torch.Tensor], str]:
-    """The full weights in ``step_dir`` and which ones (``ema`` or ``model``): ``auto`` takes
-    the EMA weights when the checkpoint has them. Read in this process without a process group
-    (DCP reshards every rank's shards into full tensors); the optimizer state is not read."""
+def choose_weights(step_dir: Path, weights: str = "auto") -> str:
+    """``ema`` or ``model``: the weights to export from ``step_dir`` (its ``.metadata`` says
+    which it has); ``auto`` takes the EMA weights when the checkpoint has them."""
     if weights not in WEIGHTS_CHOICES:
         raise ExportError(f"--weights must be one of {', '.join(WEIGHTS_CHOICES)}, got {weights!r}")
-    tensors = saved_keys(step_dir)
-    has = {k.split(".", 1)[0] for k in tensors}
+    has = {k.split(".", 1)[0] for k in saved_keys(step_dir)}
     key = (EMA_KEY if EMA_KEY in has else MODEL_KEY) if weights == "auto" else weights
     if key not in has:
         raise ExportError(f"{step_dir} holds no {key!r} weights (it has: {', '.join(sorted(has))})")
+    return key
+
+
+def read_weights(step_dir: Path, *, weights: str = "auto") -> tuple[dict[str, torch.Tensor], str]:
+    """The full weights in ``step_dir`` and which ones (``choose_weights``). Read in this
+    process without a process group (DCP reshards every rank's shards into full tensors);
+    the optimizer state is not read."""
+    key = choose_weights(step_dir, weights)
     prefix = f"{key}."
     state = {
         name[len(prefix) :]: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for name, meta in tensors.items()
+        for name, meta in saved_keys(step_dir).items()
         if name.startswith(prefix)
     }
     with warnings.catch_warnings():  # no_dist is the intent here, which DCP warns about
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load({key: state}, checkpoint_id=str(step_dir), no_dist=True)
     return state, key
+
+
+_RANGE_GAP = 1 << 20
+"""Byte ranges of one file closer than this are fetched as one."""
+_RANGE_CHUNK = 32 << 20
+"""Largest single ranged GET (the chunks of a file are fetched in parallel)."""
+
+
+def fetch_metadata(ref: StepRef) -> None:
+    """Fetch the S3 step's DCP ``.metadata`` into ``ref.path`` (a no-op for a local step)."""
+    if ref.store is None:
+        return
+    bucket, prefix = parse_s3_uri(ref.source)
+    ref.path.mkdir(parents=True, exist_ok=True)
+    ref.store.client.download_file(bucket, prefix + ".metadata", str(ref.path / ".metadata"))
+
+
+def fetch_weights(ref: StepRef, key: str) -> int:
+    """Fetch from S3 only the bytes of ``ref``'s files that hold the ``key`` tensors (the
+    weights, not the optimizer state: a quarter of a checkpoint with AdamW and an EMA), each
+    at its own offset in a local file of the same name, so DCP reads the folder as usual;
+    returns the bytes fetched. The byte ranges come from DCP's ``.metadata`` (its file
+    layout: ``relative_path``, ``offset``, ``length`` per item); a layout without them is
+    downloaded whole."""
+    store = ref.store
+    if store is None:
+        return 0
+    bucket, prefix = parse_s3_uri(ref.source)
+    metadata = dcp.FileSystemReader(str(ref.path)).read_metadata()
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for index, info in (metadata.storage_data or {}).items():
+        if not index.fqn.startswith(f"{key}."):
+            continue
+        try:
+            start, length = int(info.offset), int(info.length)
+            name = str(info.relative_path)
+        except (AttributeError, TypeError, ValueError):
+            log.info("unknown DCP file layout: downloading %s whole", ref.source)
+            return int(store.download(ref.step, ref.path))
+        ranges.setdefault(name, []).append((start, start + length))
+    pieces: list[tuple[str, int, int]] = []
+    for name, spans in ranges.items():
+        merged: list[list[int]] = []
+        for start, end in sorted(spans):
+            if merged and start - merged[-1][1] <= _RANGE_GAP:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        for start, end in merged:
+            for a in range(start, end, _RANGE_CHUNK):
+                pieces.append((name, a, min(end, a + _RANGE_CHUNK)))
+        (ref.path / name).touch()
+
+    def get(name: str, start: int, end: int) -> None:
+        body = store.client.get_object(
+            Bucket=bucket, Key=prefix + name, Range=f"bytes={start}-{end - 1}"
+        )["Body"].read()
+        if len(body) != end - start:
+            raise OSError(f"{ref.source}{name}: got {len(body)} bytes of {start}-{end - 1}")
+        with open(ref.path / name, "r+b") as f:
+            f.seek(start)
+            f.write(body)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(get, *piece) for piece in pieces]
+    for future in futures:
+        future.result()
+    return sum(end - start for _, start, end in pieces)
 
 
 # -- S3 out ------------------------------------------------------------------------------------
@@ -507,8 +585,14 @@ def export_checkpoint(
         s3_client = client
         if s3_client is None and (checkpoint.startswith("s3://") or out.startswith("s3://")):
             s3_client = bounded_client()
-        step_dir, step, source = find_step(checkpoint, Path(staging), client=s3_client)
-        state, key = read_weights(step_dir, weights=weights)
+        ref = find_step(checkpoint, Path(staging), client=s3_client)
+        step, source = ref.step, ref.source
+        if ref.store is not None:
+            fetch_metadata(ref)
+            t0 = time.perf_counter()
+            got = fetch_weights(ref, choose_weights(ref.path, weights))
+            log.info("fetched %.1f MB of %s in %.2fs", got / 1e6, source, time.perf_counter() - t0)
+        state, key = read_weights(ref.path, weights=weights)
     read_s = time.perf_counter() - started
     note = " (the checkpoint has no EMA weights)" if key != weights and key == MODEL_KEY else ""
     log.info(
