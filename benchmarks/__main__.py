@@ -40,6 +40,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.trainer_memory",
         "memory per rank, hsdp vs ddp, 4 CPU processes",
     ),
+    "export": (
+        "benchmarks.export",
+        "hetero export of ViT-B/16 from a checkpoint of 2 FSDP ranks (target < 30 s)",
+    ),
 }
 
 
