@@ -97,6 +97,11 @@ class SubsetImages:
         return f"{len(self)} samples of {self.source.describe()}"
 
 
+def val_count(n: int, fraction: float) -> int:
+    """Samples ``split_indices`` holds out of ``n`` for ``fraction`` (0: none)."""
+    return max(1, round(n * fraction)) if fraction > 0 else 0
+
+
 def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(train_indices, val_indices)`` of ``range(n)``: ``round(n * fraction)`` (at least 1)
     samples held out for validation, chosen by ``seed``; both sorted int64, disjoint, together
@@ -108,7 +113,7 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
     between the splits."""
     if not 0 < fraction < 1:
         raise ValueError(f"the validation fraction must be in (0, 1), got {fraction}")
-    n_val = max(1, round(n * fraction))
+    n_val = val_count(n, fraction)
     if n_val >= n:
         raise ValueError(
             f"job.dataset.val_fraction = {fraction:g} of {n} samples leaves no training sample; "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from training.data.splits import val_count
 from training.planner import priors
 from training.planner.errors import PlanError
 from training.spec import ClusterSpec, DatasetSource, GradCompression, Parallelism, Precision
@@ -141,8 +142,10 @@ def workload_from_spec(spec: ClusterSpec, samples_override: int | None = None) -
         )
     elif job.dataset.source is DatasetSource.SYNTHETIC:
         assert job.epochs is not None
-        samples = job.epochs * job.dataset.num_samples
-        note = f"{job.epochs} epochs x {job.dataset.num_samples} samples"
+        n = job.dataset.num_samples
+        train = n - val_count(n, job.dataset.val_fraction)  # the validation share is not trained
+        samples = job.epochs * train
+        note = f"{job.epochs} epochs x {train} training samples"
     else:
         samples = None
         note = (

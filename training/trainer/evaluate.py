@@ -32,6 +32,11 @@ class Scores:
     """Validation samples scored (unreadable ones are skipped by the data path)."""
 
 
+class EvaluationInterrupted(Exception):
+    """A rank was asked to stop while it waited for validation data: no rank reports the pass
+    (every rank still took part in the reduction, so none is left waiting in it)."""
+
+
 def _padded(batches: Iterable[Batch], passes: int, blank: Batch) -> Iterator[Batch]:
     it = iter(batches)
     for _ in range(passes):
@@ -39,6 +44,15 @@ def _padded(batches: Iterable[Batch], passes: int, blank: Batch) -> Iterator[Bat
     leftover = next(it, None)
     if leftover is not None:
         raise RuntimeError("validation gave this rank more batches than its share")
+
+
+def _until_interrupted(
+    batches: Iterable[Batch], kinds: tuple[type[BaseException], ...], sums: torch.Tensor
+) -> Iterator[Batch]:
+    try:
+        yield from batches
+    except kinds:
+        sums[4] += 1
 
 
 @torch.no_grad()
@@ -52,24 +66,31 @@ def evaluate(
     autocast: bool,
     image_size: int,
     group: dist.ProcessGroup | None = None,
+    interrupted_by: tuple[type[BaseException], ...] = (),
 ) -> Scores:
     """Score ``model`` (in eval mode, restored to its mode after) on this rank's ``batches``;
     ``passes`` is the most batches any rank has (FSDP needs the same count everywhere). Runs on
     every rank; the result is the same on all. Leaves the global random generators as they
-    were (a resumed run that skips an evaluation makes the same random draws)."""
+    were (a resumed run that skips an evaluation makes the same random draws). An exception of
+    ``interrupted_by`` from ``batches`` (a stop request ended a wait for data) ends this rank's
+    pass; every rank then raises ``EvaluationInterrupted`` after the reduction."""
     lockstep = isinstance(model, FSDPModule)
     blank = Batch(
         images=torch.zeros((1, 3, image_size, image_size), dtype=torch.uint8),
         labels=torch.zeros(1, dtype=torch.int64),
         sample_ids=torch.full((1,), -1, dtype=torch.int64),
     )
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # top1, top5, loss, count
+    # top1, top5, loss, count, ranks interrupted
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
     was_training = model.training
     model.eval()
     devices = [device.index or 0] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices, device_type=device.type):
-            source: Iterable[Batch] = _padded(batches, passes, blank) if lockstep else batches
+            # An interrupted rank stops reading; under FSDP it still runs its blank passes.
+            source: Iterable[Batch] = _until_interrupted(batches, interrupted_by, sums)
+            if lockstep:
+                source = _padded(source, passes, blank)
             for batch in source:
                 if batch is blank or len(batch) == 0:
                     if lockstep:
@@ -91,7 +112,9 @@ def evaluate(
         model.train(was_training)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(sums, group=group)
-    top1, top5, loss, count = sums.tolist()
+    top1, top5, loss, count, interrupted = sums.tolist()
+    if interrupted:
+        raise EvaluationInterrupted(f"{int(interrupted)} rank(s) stopped during validation")
     if count == 0:
         return Scores(top1=0.0, top5=0.0, loss=float("nan"), samples=0)
     return Scores(top1=top1 / count, top5=top5 / count, loss=loss / count, samples=int(count))

@@ -31,13 +31,14 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from training.data import Batch
+from training.dataplane.client import DataWaitInterrupted
 from training.outcome import Outcome, RankOutcome
 from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.eval_data import ValidationBatches
-from training.trainer.evaluate import Scores, evaluate
+from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
 from training.trainer.export import export_trained
 from training.trainer.inputs import BatchStream, DataInterrupted, EndOfData, build_stream
 from training.trainer.metrics import (
@@ -178,6 +179,8 @@ class Trainer:
         set_interrupt = getattr(self.stream, "set_interrupt", None)
         if set_interrupt is not None:
             set_interrupt(lambda: self.stop.local)
+        if self.validation is not None:
+            self.validation.set_interrupt(lambda: self.stop.local)
         self._data_state: dict[str, Any] | None = None
         """The data position to checkpoint instead of the stream's (after a voided step)."""
 
@@ -439,11 +442,17 @@ class Trainer:
             return evaluate(
                 model, self.validation.iter_batches(), passes=self.validation.batches_per_rank,
                 normalise=self.normalise, device=self.device, autocast=self.autocast,
-                image_size=size,
+                image_size=size, interrupted_by=(DataWaitInterrupted,),
             )  # fmt: skip
 
-        raw = score(unwrap(self.model))
-        ema = score(self.ema.module) if self.ema is not None else None
+        try:
+            raw = score(unwrap(self.model))
+            ema = score(self.ema.module) if self.ema is not None else None
+        except EvaluationInterrupted as e:
+            eval_s = time.perf_counter() - t0
+            log.info("step %d: validation not reported: %s", self.step, e)
+            excluded.append(eval_s)
+            return eval_s
         eval_s = time.perf_counter() - t0
         result = EvalResult(
             top1=raw.top1, top5=raw.top5, loss=raw.loss, samples=raw.samples, eval_s=eval_s,
