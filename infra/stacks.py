@@ -156,6 +156,11 @@ class ClusterStack(cdk.Stack):
             "ImageUri": (self.image.image_uri, "container image every instance runs"),
             "CheckpointBucketName": (self.checkpoints.bucket.bucket_name, "checkpoint bucket"),
             "CheckpointUri": (self.checkpoints.uri, "where the trainer writes checkpoints"),
+            "ModelUri": (
+                f"{self.checkpoints.uri}<job folder>/model/",
+                "where a finished job writes model.safetensors + config.json (its job folder: "
+                "hetero job start and hetero status print it)",
+            ),
             "LogGroupName": (self.log_group.log_group_name, "container logs of every instance"),
             "AutoScalingGroupNames": (",".join(asg_names), "Auto Scaling groups, one per group"),
             "InstanceGroupNames": (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import aws_cdk as cdk
 import pytest
@@ -515,3 +516,10 @@ def test_outputs_for_users_and_the_sagemaker_backend(spot: BuiltApp) -> None:
     ):
         assert key in outputs, key
     assert outputs["AutoScalingGroupNames"]["Value"] == "vit-spot-trainer,vit-spot-dataprep"
+    # The model lands in model/ beside a job's checkpoints (training.trainer.export.MODEL_FOLDER).
+    assert outputs["ModelUri"]["Value"] == {
+        "Fn::Join": ["", ["s3://", {"Ref": ANY}, "/checkpoints/<job folder>/model/"]]
+    }
+    assert outputs["ModelUri"]["Value"]["Fn::Join"][1][1] == {
+        "Ref": outputs["CheckpointUri"]["Value"]["Fn::Join"][1][1]["Ref"]
+    }

@@ -310,6 +310,7 @@ def test_status_shows_groups_instances_outcome_metrics_and_newest_checkpoint(
     assert status.outcome is None
     assert status.hosts[cluster["instance_id"]]["metrics"] == {"step": 7, "loss": 2.5}
     assert status.newest_checkpoint == "s3://ckpt/checkpoints/one/step-4/"
+    assert status.model is None  # no model until a finished job writes one
     # After the job: the outcome and the groups at zero.
     job, _ = make_job(cluster, tmp_path, fake_imds, ["finished"])
     assert job.run() == EXIT_FINISHED
@@ -318,3 +319,8 @@ def test_status_shows_groups_instances_outcome_metrics_and_newest_checkpoint(
     )
     assert after.outcome is not None and after.outcome["outcome"] == "finished"
     assert [g["desired"] for g in after.groups] == [0, 0]
+    s3.put_object(Bucket="ckpt", Key="checkpoints/one/model/config.json", Body=b"{}")
+    done = collect(
+        cluster["spec"], checkpoint_uri=URI, ec2=cluster["ec2"], autoscaling=cluster["asg"], s3=s3
+    )
+    assert done.model == "s3://ckpt/checkpoints/one/model/"

@@ -40,6 +40,8 @@ class JobStatus:
     outcome: dict[str, Any] | None = None
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     newest_checkpoint: str | None = None
+    model: str | None = None
+    """The finished job's ``model/`` (``model.safetensors`` + ``config.json``), once written."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -121,9 +123,22 @@ def collect(
                 store = S3CheckpointStore(checkpoint_uri, client=s3)
                 step = store.latest_complete()
                 status.newest_checkpoint = store.step_uri(step) if step is not None else None
+                status.model = _model_folder(s3, checkpoint_uri)
             except Exception as e:
                 status.errors.append(f"checkpoints in {checkpoint_uri}: {e}")
     return status
+
+
+def _model_folder(s3: Any, checkpoint_uri: str) -> str | None:
+    """``<checkpoint_uri>model/`` when its ``config.json`` (written last) is there."""
+    from training.trainer.checkpoint_s3 import parse_s3_uri
+    from training.trainer.export import MODEL_FOLDER
+
+    bucket, prefix = parse_s3_uri(checkpoint_uri)
+    key = f"{prefix.rstrip('/')}/{MODEL_FOLDER}/config.json".lstrip("/")
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    found = any(o["Key"] == key for o in listed.get("Contents", []))
+    return f"s3://{bucket}/{key.rpartition('/')[0]}/" if found else None
 
 
 def render(status: JobStatus) -> None:
@@ -170,6 +185,7 @@ def render(status: JobStatus) -> None:
         )  # fmt: skip
     console.print(instances)
     console.print(f"newest complete checkpoint: {status.newest_checkpoint or 'none'}")
+    console.print(f"model (model.safetensors + config.json): {status.model or 'not yet'}")
     for e in status.errors:
         console.print(f"[red]could not read[/] {e}")
 
