@@ -393,6 +393,15 @@ def _fsdp_rank(rank: int, port: int, tmp: Path) -> None:
         torch.save({"model": trained, "ema": averaged}, tmp / "logits.pt")
     else:
         assert result is None
+    # Rank 0 cannot write (a file where the folder should be): every rank raises alike.
+    (tmp / "blocked").write_text("not a folder")
+    try:
+        export_trained(model, ema, config=config, step=2, rank=rank, out=str(tmp / "blocked/m"))
+        seen = "exported"
+    except ExportError as e:
+        seen = str(e)
+    (tmp / f"blocked-{rank}.txt").write_text(seen)
+    dist.barrier()  # the ranks are still in step: nobody waits for a rank that raised
     dist.destroy_process_group()
 
 
@@ -427,6 +436,9 @@ def test_a_checkpoint_of_two_fsdp_ranks_exports_in_one_process(tmp_path: Path, s
     assert all(torch.equal(live[k], exported[k]) for k in live)
     meta = json.loads((ckpts / "model" / "config.json").read_text())["hetero"]
     assert meta["source"] == str(step) and meta["weights"] == "ema"
+    for rank in (0, 1):
+        seen = (tmp_path / f"blocked-{rank}.txt").read_text()
+        assert seen.startswith(f"exporting the model to {tmp_path / 'blocked/m'} failed:"), seen
     # From S3: only the EMA's byte ranges of both ranks' files are fetched; the same tensors.
     store = S3CheckpointStore("s3://bucket/fsdp", client=s3)
     store.upload_files(step, 2)
@@ -471,6 +483,20 @@ def test_hetero_export_end_to_end(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "step-3 is not a complete checkpoint (no COMPLETE marker" in done.stderr
+
+
+def test_export_trained_in_one_process_writes_beside_the_checkpoints(tmp_path: Path) -> None:
+    config = config_of(folder_spec(tmp_path), tmp_path)
+    model = build_model(config.model, seed=0)
+    result = export_trained(model, None, config=config, step=7, rank=0, classes=["a", "b", "c"])
+    assert result is not None and result.weights == "model" and result.step == 7
+    assert result.out == str(config.checkpoint.dir / "model")
+    written = json.loads((config.checkpoint.dir / "model" / "config.json").read_text())
+    assert written["label_names"] == ["a", "b", "c"]  # as given: the dataset is not listed
+    assert written["hetero"]["source"] == str(config.checkpoint.dir / "step-7")
+    x = fixed_input()
+    loaded = load_with_timm(config.checkpoint.dir / "model")
+    assert torch.equal(logits(loaded, x), logits(model, x))
 
 
 def test_model_location_is_beside_the_checkpoints(tmp_path: Path) -> None:

@@ -523,10 +523,12 @@ def _write_out(
     out: str,
     extra: Mapping[str, Any],
     client: Any | None,
+    classes: Sequence[str] | None = None,
 ) -> tuple[str, str, str, int]:
     """(out, model file, config file, model file bytes), locally or to S3."""
     eval_transform = EvalTransform.from_spec(spec.job.eval)
-    classes = class_names(spec, model_config.num_classes)
+    if classes is None:
+        classes = class_names(spec, model_config.num_classes)
 
     def write(folder: Path) -> int:
         write_model(
@@ -621,9 +623,11 @@ def export_weights(
     step: int | None = None,
     source: str = "memory",
     client: Any | None = None,
+    classes: Sequence[str] | None = None,
 ) -> ExportResult:
     """Export a full (plain-tensor) state dict held in memory, as ``export_checkpoint`` does
-    (not collective; ``export_trained`` gathers one from a running job)."""
+    (not collective; ``export_trained`` gathers one from a running job). ``classes``: the class
+    names (default: asked of the spec's dataset, which lists an S3 prefix again)."""
     started = time.perf_counter()
     model_config = model_config_of(spec)
     return _finish(
@@ -637,6 +641,7 @@ def export_weights(
         client=client,
         started=started,
         read_s=0.0,
+        classes=classes,
     )
 
 
@@ -652,6 +657,7 @@ def _finish(
     client: Any | None,
     started: float,
     read_s: float,
+    classes: Sequence[str] | None = None,
 ) -> ExportResult:
     t0 = time.perf_counter()
     try:
@@ -662,6 +668,7 @@ def _finish(
             out=out,
             extra=_provenance(source, step, weights),
             client=client,
+            classes=classes,
         )
     except ExportError as e:
         raise ExportError(f"{source}: {e}") from None
@@ -716,23 +723,47 @@ def export_trained(
     step: int,
     rank: int,
     out: str | None = None,
+    classes: Sequence[str] | None = None,
 ) -> ExportResult | None:
     """The end of a finished job: gather the EMA weights when ``ema`` is given (else the
     model's) and write them on rank 0 to ``out`` (default ``model_location``). Collective:
-    every rank calls it; returns the result on rank 0, None on the others. Raises on rank 0
-    only (nothing collective follows the gather)."""
+    every rank calls it; returns the result on rank 0, None on the others. If rank 0 cannot
+    write (a full disk, S3 unreachable), every rank raises ``ExportError`` alike (rank 0
+    broadcasts the outcome), so no rank waits in a later collective for a rank that raised.
+    ``classes``: the dataset's class names when the caller has them (default: asked of the
+    spec's dataset, which lists an S3 prefix again)."""
     weights = EMA_KEY if ema is not None else MODEL_KEY
     state = full_state_dict(ema if ema is not None else model)
-    if rank != 0:
-        return None
-    target = out or model_location(config.checkpoint)
-    ckpt = config.checkpoint
-    source = (
-        f"{ckpt.s3_uri.rstrip('/')}/step-{step}" if ckpt.s3_uri else str(ckpt.dir / f"step-{step}")
-    )
-    return export_weights(
-        state, spec=config.spec, out=target, weights=weights, step=step, source=source
-    )
+    result: ExportResult | None = None
+    error: str | None = None
+    if rank == 0:
+        target = out or model_location(config.checkpoint)
+        ckpt = config.checkpoint
+        source = (
+            f"{ckpt.s3_uri.rstrip('/')}/step-{step}"
+            if ckpt.s3_uri
+            else str(ckpt.dir / f"step-{step}")
+        )
+        try:
+            result = export_weights(
+                state,
+                spec=config.spec,
+                out=target,
+                weights=weights,
+                step=step,
+                source=source,
+                classes=classes,
+            )
+        except Exception as e:
+            log.exception("exporting the model to %s failed", target)
+            error = f"exporting the model to {target} failed: {type(e).__name__}: {e}"
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box: list[str | None] = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise ExportError(error)
+    return result
 
 
 # -- hetero export -----------------------------------------------------------------------------
