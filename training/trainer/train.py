@@ -39,7 +39,7 @@ from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
-from training.trainer.export import export_trained
+from training.trainer.export import ExportError, export_trained
 from training.trainer.inputs import BatchStream, DataInterrupted, EndOfData, build_stream
 from training.trainer.metrics import (
     EvalResult,
@@ -391,8 +391,13 @@ class Trainer:
                 self._validate(started, eval_excluded)
             # The model a user loads: model.safetensors + config.json beside the checkpoints.
             ema = self.ema.module if self.ema is not None else None
-            result = export_trained(self.model, ema, config=c, step=self.step, rank=self.rank)
-            exported = result.out if result is not None else None
+            try:
+                result = export_trained(self.model, ema, config=c, step=self.step, rank=self.rank)
+                exported = result.out if result is not None else None
+            except ExportError as e:
+                # The job's work is durable in its checkpoint; `hetero export` can write the
+                # model from it later. Raised on every rank alike, so none waits for another.
+                log.error("model not exported (run `hetero export` on step %d): %s", self.step, e)
         memory = {**self.state_bytes, "peak_rss_bytes": peak_rss_bytes()}
         if self.device.type == "cuda":
             memory["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
