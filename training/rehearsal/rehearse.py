@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from training.data.splits import Split, build_split
 from training.rehearsal import audit, params, report
 from training.rehearsal.aws import AwsEmulator, ClusterNames, region_for
 from training.rehearsal.events import EventLog
@@ -298,7 +299,7 @@ def _audit(
     job = spec.job
     epochs = audit.audit_samples(
         records,
-        num_samples=job.dataset.num_samples,
+        num_samples=len(build_split(job.dataset, Split.TRAIN)),  # the order covers training only
         batch_size=job.batch_size,
         seed=job.seed,
         layout=audit.layout_for(spec),
