@@ -28,9 +28,11 @@ def bench_spec(
     checkpoint_dir: str = "runs/bench/checkpoints",
     extra_parallel: dict[str, Any] | None = None,
     checkpoint: dict[str, Any] | None = None,
+    job: dict[str, Any] | None = None,
 ) -> ClusterSpec:
     """A one-trainer spec (priced as one g5.xlarge) for benchmarking the trainer alone;
-    ``checkpoint`` adds to (or overrides) ``job.checkpoint`` (default: no periodic save)."""
+    ``checkpoint`` adds to (or overrides) ``job.checkpoint`` (default: no periodic save), ``job``
+    to ``[job]`` (e.g. the recipe)."""
     return parse_spec(
         {
             "name": "bench",
@@ -57,6 +59,7 @@ def bench_spec(
                     **(checkpoint or {}),
                 },
                 "parallelism": {"strategy": strategy, **(extra_parallel or {})},
+                **(job or {}),
             },
         },
         source="benchmark spec",
