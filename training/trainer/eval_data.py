@@ -90,24 +90,13 @@ class ValidationBatches:
                 num_workers if num_workers is not None else min(LOCAL_EVAL_WORKERS, cores)
             )
         else:
-            from training.dataplane.client import DataPlaneClient
             from training.dataplane.discovery import parse_discovery
+            from training.trainer.remote import dataplane_client
 
-            dp = job.dataplane
-            self._client = DataPlaneClient(
-                parse_discovery(config.input.data_servers, config.spec),
-                batch_size=self.batch_size,
-                seed=config.seed,
-                prefetch_batches=dp.prefetch_batches,
-                chunk_batches=dp.chunk_batches,
-                streams_per_server=dp.streams_per_server,
-                rpc_timeout_s=dp.rpc_timeout_s,
-                refresh_s=dp.refresh_s,
-                wait_for_data_s=dp.wait_for_data_s,
-                recipe=encode_recipe(self.recipe),
-                image_size=self.image_size,
-                split="val",
-            )
+            self._client = dataplane_client(
+                config, parse_discovery(config.input.data_servers, config.spec),
+                recipe=encode_recipe(self.recipe), batch_size=self.batch_size, split="val",
+            )  # fmt: skip
             try:
                 # Waits (at most wait_for_data_s) for a server that has the validation set.
                 self.num_samples = self._client.num_samples

@@ -15,11 +15,38 @@ from typing import Any
 from training.data import Batch
 from training.data.transforms import encode_recipe
 from training.dataplane.client import DataPlaneClient, DataWaitInterrupted
-from training.dataplane.discovery import parse_discovery
+from training.dataplane.discovery import ServerDiscovery, parse_discovery
 from training.trainer.config import TrainerConfig
 from training.trainer.inputs import DataInterrupted, EndOfData, rank_positions
 
 log = logging.getLogger(__name__)
+
+
+def dataplane_client(
+    config: TrainerConfig,
+    discovery: ServerDiscovery,
+    *,
+    recipe: str,
+    batch_size: int,
+    split: str = "",
+) -> DataPlaneClient:
+    """A client over ``discovery`` with the spec's data-plane settings (training batches, or
+    with ``split="val"`` validation ones)."""
+    dp = config.spec.job.dataplane
+    return DataPlaneClient(
+        discovery,
+        batch_size=batch_size,
+        seed=config.seed,
+        prefetch_batches=dp.prefetch_batches,
+        chunk_batches=dp.chunk_batches,
+        streams_per_server=dp.streams_per_server,
+        rpc_timeout_s=dp.rpc_timeout_s,
+        refresh_s=dp.refresh_s,
+        wait_for_data_s=dp.wait_for_data_s,
+        recipe=recipe,
+        image_size=config.model.image_size,
+        split=split,
+    )
 
 
 class DataPlaneBatches:
@@ -30,19 +57,10 @@ class DataPlaneBatches:
         dp = job.dataplane
         self.epochs = config.epochs
         self.discovery = parse_discovery(config.input.data_servers, config.spec)
-        self.client = DataPlaneClient(
-            self.discovery,
+        self.client = dataplane_client(
+            config, self.discovery, recipe=encode_recipe(job.augmentation),
             batch_size=config.batch_size,
-            seed=config.seed,
-            prefetch_batches=dp.prefetch_batches,
-            chunk_batches=dp.chunk_batches,
-            streams_per_server=dp.streams_per_server,
-            rpc_timeout_s=dp.rpc_timeout_s,
-            refresh_s=dp.refresh_s,
-            wait_for_data_s=dp.wait_for_data_s,
-            recipe=encode_recipe(job.augmentation),
-            image_size=job.dataset.image_size,
-        )
+        )  # fmt: skip
         # Start with the servers that are up (a late one joins when healthy), waiting for the
         # first at most wait_for_data_s: a trainer that starts before its data tier waits.
         serving = self.client.wait_for_servers(timeout_s=dp.wait_for_data_s, settle_s=10.0)
