@@ -35,6 +35,10 @@ def test_provision_creates_groups_tags_hook_and_bucket(aws: AwsEmulator, small_s
     assert hook["LifecycleHookName"] == LIFECYCLE_HOOK
     assert hook["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
     assert aws.client("s3").head_bucket(Bucket="tiny-checkpoints")
+    # The job record's reader (jobrecord.read_s3_object): missing, then there.
+    assert aws.read_object("tiny-checkpoints", names.job_record_key) is None
+    aws.client("s3").put_object(Bucket="tiny-checkpoints", Key=names.job_record_key, Body=b"{}")
+    assert aws.read_object("tiny-checkpoints", names.job_record_key) == b"{}"
 
     instances = aws.instances("tiny")
     assert sorted((i.group, i.role) for i in instances) == [

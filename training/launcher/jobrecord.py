@@ -12,6 +12,8 @@ Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
 
 Each object has one writer (or, for the outcome, writers that agree), so S3's last-writer-wins
 is enough: no locking.
+
+A missing object reads as missing whether S3 answers 404 or 403 (``read_s3_object``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,46 @@ from training.outcome import Outcome
 log = logging.getLogger(__name__)
 
 PREFIX = "job/"
+
+_NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
+"""Error codes S3 gives a missing key when the caller may list the bucket."""
+
+
+def read_s3_object(client: Any, bucket: str, key: str) -> bytes | None:
+    """The object's bytes, or None when the object does not exist.
+
+    S3 says "does not exist" with 404 ``NoSuchKey`` only to a caller that has ``s3:ListBucket``
+    on the bucket; to one without it, the same GetObject is 403 AccessDenied
+    (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html, "Permissions": "If you
+    don't have the s3:ListBucket permission, Amazon S3 returns an HTTP status code 403"). The
+    instance role's ListBucket is conditioned on ``s3:prefix`` (``infra/cluster.py``,
+    ``CheckpointListing``), a key GetObject does not carry, so on a 403 this probes with
+    ListObjectsV2 on the exact key (``Prefix`` = the key, ``MaxKeys`` 1), which that grant does
+    cover: a listing without the key means absent; otherwise (the key is there, or the probe
+    fails too) the original error is raised, so a real permission problem never reads as
+    "absent".
+    """
+    from botocore.exceptions import ClientError
+
+    try:
+        resp = client.get_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        error = e.response.get("Error", {})
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if error.get("Code") in _NOT_FOUND:
+            return None
+        if status != 403 and error.get("Code") != "AccessDenied":
+            raise
+        try:
+            listed = client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        except ClientError as probe:
+            log.warning("s3://%s/%s: GetObject denied, and listing the key failed: %s",
+                        bucket, key, probe)  # fmt: skip
+            raise e from probe
+        if any(o.get("Key") == key for o in listed.get("Contents", [])):
+            raise  # The object exists and reading it is denied: a real permission problem.
+        return None
+    return bytes(resp["Body"].read())
 
 
 class _Backend(Protocol):
@@ -48,11 +90,7 @@ class _S3Backend:
         self.client = client
 
     def get(self, key: str) -> bytes | None:
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
-        except self.client.exceptions.NoSuchKey:
-            return None
-        return bytes(resp["Body"].read())
+        return read_s3_object(self.client, self.bucket, self.prefix + key)
 
     def put(self, key: str, body: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body)

@@ -37,6 +37,7 @@ from training.aws_tags import (
     TAG_ROLE,
     asg_name,
 )
+from training.launcher.jobrecord import read_s3_object
 from training.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -266,12 +267,9 @@ class AwsEmulator:
         )
 
     def read_object(self, bucket: str, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist."""
-        s3 = self.client("s3")
-        try:
-            return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        except s3.exceptions.NoSuchKey:
-            return None
+        """The object's bytes, or None when it does not exist (404, or a 403 whose exact-key
+        listing lacks it: the launcher's own reader, ``jobrecord.read_s3_object``)."""
+        return read_s3_object(self.client("s3"), bucket, key)
 
     def list_keys(self, bucket: str, prefix: str) -> list[str]:
         keys: list[str] = []

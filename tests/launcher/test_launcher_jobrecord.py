@@ -1,0 +1,167 @@
+"""The job record reads a missing S3 object as missing whether S3 says 404 or 403.
+
+S3 answers GetObject on a missing key with 403 AccessDenied when the caller lacks
+``s3:ListBucket`` (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html,
+"Permissions"); the instance role's ListBucket grant is conditioned on ``s3:prefix``, so the
+reader probes with ListObjectsV2 on the exact key. Every call is answered by botocore's Stubber,
+which also asserts each request's exact parameters and that no other call is made.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
+from botocore.stub import ANY, Stubber
+
+from training.launcher.jobrecord import JobRecord, read_s3_object
+from training.outcome import Outcome
+
+BUCKET = "hetero-checkpoints"
+URI = f"s3://{BUCKET}/checkpoints/j-20260101T000000Z-abcd/"
+OUTCOME_KEY = "checkpoints/j-20260101T000000Z-abcd/job/outcome.json"
+
+
+@pytest.fixture
+def s3() -> Iterator[tuple[Any, Stubber]]:
+    client = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    with Stubber(client) as stub:
+        yield client, stub
+        stub.assert_no_pending_responses()
+
+
+def expect_get_denied(stub: Stubber, key: str = OUTCOME_KEY) -> None:
+    """GetObject answered as S3 answers a caller without s3:ListBucket: 403 AccessDenied."""
+    stub.add_client_error(
+        "get_object",
+        service_error_code="AccessDenied",
+        service_message="Access Denied",
+        http_status_code=403,
+        expected_params={"Bucket": BUCKET, "Key": key},
+    )
+
+
+def expect_probe(stub: Stubber, keys: list[str], key: str = OUTCOME_KEY) -> None:
+    """ListObjectsV2 on the exact key (the prefix-conditioned grant covers it)."""
+    stub.add_response(
+        "list_objects_v2",
+        {
+            "IsTruncated": False,
+            "Name": BUCKET,
+            "Prefix": key,
+            "MaxKeys": 1,
+            "KeyCount": len(keys),
+            **({"Contents": [{"Key": k, "Size": 10} for k in keys]} if keys else {}),
+        },
+        expected_params={"Bucket": BUCKET, "Prefix": key, "MaxKeys": 1},
+    )
+
+
+def test_403_with_the_key_not_listed_reads_as_absent(s3: tuple[Any, Stubber]) -> None:
+    client, stub = s3
+    expect_get_denied(stub)
+    expect_probe(stub, [])
+    assert JobRecord(URI, s3_client=client).outcome() is None
+
+
+def test_403_with_only_longer_keys_listed_reads_as_absent(s3: tuple[Any, Stubber]) -> None:
+    """The prefix matches longer keys too; only the exact key counts as present."""
+    client, stub = s3
+    expect_get_denied(stub)
+    expect_probe(stub, [OUTCOME_KEY + ".tmp"])
+    assert JobRecord(URI, s3_client=client).outcome() is None
+
+
+def test_403_with_the_key_listed_raises_the_original_error(s3: tuple[Any, Stubber]) -> None:
+    """The object is there and reading it is denied: a real permission problem, never absent."""
+    client, stub = s3
+    expect_get_denied(stub)
+    expect_probe(stub, [OUTCOME_KEY])
+    with pytest.raises(ClientError) as raised:
+        JobRecord(URI, s3_client=client).outcome()
+    assert raised.value.operation_name == "GetObject"
+    assert raised.value.response["Error"]["Code"] == "AccessDenied"
+    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+def test_403_whose_probe_is_denied_too_raises_the_original_error(
+    s3: tuple[Any, Stubber],
+) -> None:
+    client, stub = s3
+    expect_get_denied(stub)
+    stub.add_client_error(
+        "list_objects_v2",
+        service_error_code="AccessDenied",
+        service_message="Access Denied",
+        http_status_code=403,
+        expected_params={"Bucket": BUCKET, "Prefix": OUTCOME_KEY, "MaxKeys": 1},
+    )
+    with pytest.raises(ClientError) as raised:
+        read_s3_object(client, BUCKET, OUTCOME_KEY)
+    assert raised.value.operation_name == "GetObject"
+    assert isinstance(raised.value.__cause__, ClientError)
+    assert raised.value.__cause__.operation_name == "ListObjectsV2"
+
+
+def test_no_such_key_reads_as_absent_without_a_probe(s3: tuple[Any, Stubber]) -> None:
+    client, stub = s3
+    stub.add_client_error(
+        "get_object",
+        service_error_code="NoSuchKey",
+        service_message="The specified key does not exist.",
+        http_status_code=404,
+        expected_params={"Bucket": BUCKET, "Key": OUTCOME_KEY},
+    )
+    # No ListObjectsV2 queued: the Stubber fails the test if one is made.
+    assert JobRecord(URI, s3_client=client).outcome() is None
+
+
+def test_other_errors_are_raised_without_a_probe(s3: tuple[Any, Stubber]) -> None:
+    client, stub = s3
+    stub.add_client_error(
+        "get_object",
+        service_error_code="InvalidArgument",
+        service_message="bad request",
+        http_status_code=400,
+        expected_params={"Bucket": BUCKET, "Key": OUTCOME_KEY},
+    )
+    with pytest.raises(ClientError):
+        read_s3_object(client, BUCKET, OUTCOME_KEY)
+
+
+def test_a_present_object_is_read(s3: tuple[Any, Stubber]) -> None:
+    client, stub = s3
+    body = b'{"outcome": "finished", "reason": "training finished", "by": "i-1", "time": 1}'
+    stub.add_response(
+        "get_object",
+        {"Body": StreamingBody(io.BytesIO(body), len(body)), "ContentLength": len(body)},
+        expected_params={"Bucket": BUCKET, "Key": OUTCOME_KEY},
+    )
+    outcome = JobRecord(URI, s3_client=client).outcome()
+    assert outcome is not None and outcome["outcome"] == "finished"
+
+
+def test_end_writes_the_outcome_after_a_403_read(s3: tuple[Any, Stubber]) -> None:
+    """The first host to end the job reads no outcome (403, not listed) and writes its own."""
+    client, stub = s3
+    expect_get_denied(stub)
+    expect_probe(stub, [])
+    stub.add_response(
+        "put_object",
+        {},
+        expected_params={"Bucket": BUCKET, "Key": OUTCOME_KEY, "Body": ANY},
+    )
+    value = JobRecord(URI, s3_client=client).end(
+        Outcome.FINISHED, reason="training finished", by="i-1"
+    )
+    assert value["outcome"] == "finished"
