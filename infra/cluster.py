@@ -1,5 +1,6 @@
-"""Cluster-wide resources: the placement group, the image, the checkpoint bucket, the log
-group, and the two IAM roles (EC2 instances and SageMaker training jobs)."""
+"""Cluster-wide resources: the image, the checkpoint bucket, the log group, and the two IAM
+roles (EC2 instances and SageMaker training jobs). Placement groups are per instance group
+(``infra.instance_group``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
-from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -223,7 +223,8 @@ class InstanceRole(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="ScaleOwnGroupsToZero",
-                # CompleteLifecycleAction: the termination hook, once the checkpoint is saved.
+                # CompleteLifecycleAction: the termination hook, once the checkpoint is saved, and
+                # for the instance's own termination after the job's end (groups at zero).
                 # TerminateInstanceInAutoScalingGroup: an instance that holds an older spec than
                 # the deployed job's has the group replace it (keeping the desired capacity).
                 # All four take the group as resource and aws:ResourceTag conditions
@@ -350,17 +351,4 @@ class SageMakerExecutionRole(Construct):
                 ],
                 resources=["*"],
             )
-        )
-
-
-class ClusterPlacement(Construct):
-    """A cluster placement group: every instance of the job in one high-bisection segment.
-
-    Attributes: ``placement_group``.
-    """
-
-    def __init__(self, scope: Construct, construct_id: str) -> None:
-        super().__init__(scope, construct_id)
-        self.placement_group = ec2.PlacementGroup(
-            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
         )

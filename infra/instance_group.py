@@ -190,7 +190,11 @@ class InstanceGroupFleet(Construct):
     policy at 100% On-Demand, taking the types in order. Desired capacity is the spec's count,
     so deploying starts the job.
 
-    Attributes: ``launch_template``, ``auto_scaling_group``, ``asg_name``, ``group``.
+    The group's instances go into a cluster placement group of its own where
+    ``group.uses_cluster_placement``, else into none (both in the cluster's one subnet).
+
+    Attributes: ``launch_template``, ``auto_scaling_group``, ``asg_name``, ``group``,
+    ``placement_group`` (None without cluster placement).
     """
 
     def __init__(
@@ -204,7 +208,6 @@ class InstanceGroupFleet(Construct):
         vpc: ec2.IVpc,
         subnet: ec2.ISubnet,
         security_group: ec2.ISecurityGroup,
-        placement_group: ec2.IPlacementGroup,
         role: iam.IRole,
         image_uri: str,
         log_group: logs.ILogGroup,
@@ -237,6 +240,18 @@ class InstanceGroupFleet(Construct):
         # group sits on top; with EFA it goes on each interface (EC2 refuses both).
         layouts = efa_layouts(group)
         machine_image = ec2.MachineImage.from_ssm_parameter(ami_parameter)
+        # A cluster placement group of the group's own, only where the spec's rule says it pays
+        # (InstanceGroup.uses_cluster_placement: multi-instance trainers, EFA groups). Not one
+        # shared by every group: AWS recommends the same instance type for all instances of a
+        # cluster placement group and a single launch request; more types or later launches
+        # (Spot replacements, Capacity Rebalancing, another group's start) raise the chance of
+        # an insufficient capacity error. https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html#placement-groups-cluster
+        # Groups without one still launch into the cluster's one subnet, so in the same AZ.
+        self.placement_group: ec2.PlacementGroup | None = (
+            ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+            if group.uses_cluster_placement
+            else None
+        )
 
         def make_template(construct_id: str, layout: EfaLayout | None) -> ec2.LaunchTemplate:
             template = ec2.LaunchTemplate(
@@ -261,7 +276,7 @@ class InstanceGroupFleet(Construct):
                         ),
                     )
                 ],
-                placement_group=placement_group,
+                placement_group=self.placement_group,
                 security_group=None if layout is not None else security_group,
             )
             if layout is not None:

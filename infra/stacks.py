@@ -21,7 +21,6 @@ from infra.cluster import (
     REPO_ROOT,
     CheckpointBucket,
     ClusterImage,
-    ClusterPlacement,
     InstanceRole,
     SageMakerExecutionRole,
     grant_dataset_read,
@@ -55,9 +54,10 @@ class NetworkStack(cdk.Stack):
 
 
 class ClusterStack(cdk.Stack):
-    """Everything one job runs on: placement group, image, bucket, logs, roles and a fleet per
-    instance group. Attributes: ``placement``, ``image``, ``checkpoints``, ``log_group``,
-    ``instance_role``, ``sagemaker_role``, ``fleets`` (by group name), ``dashboard``, ``job``."""
+    """Everything one job runs on: image, bucket, logs, roles and a fleet per instance group
+    (with a cluster placement group of its own where the group uses one). Attributes:
+    ``image``, ``checkpoints``, ``log_group``, ``instance_role``, ``sagemaker_role``, ``fleets``
+    (by group name), ``dashboard``, ``job``."""
 
     def __init__(
         self,
@@ -78,7 +78,6 @@ class ClusterStack(cdk.Stack):
         cdk.Tags.of(self).add(aws_tags.TAG_CLUSTER, spec.name)
         asg_names = [aws_tags.asg_name(spec.name, g.name) for g in spec.groups]
 
-        self.placement = ClusterPlacement(self, "Placement")
         self.image = ClusterImage(self, "Image", build_context=build_context)
         self.checkpoints = CheckpointBucket(
             self, "Checkpoints", destroy_on_delete=destroy_checkpoints
@@ -137,7 +136,6 @@ class ClusterStack(cdk.Stack):
                 vpc=network.vpc,
                 subnet=network.subnet,
                 security_group=network.cluster_security_group,
-                placement_group=self.placement.placement_group,
                 role=self.instance_role.role,
                 image_uri=self.image.image_uri,
                 log_group=self.log_group,
@@ -181,9 +179,15 @@ class ClusterStack(cdk.Stack):
                 network.cluster_security_group.security_group_id,
                 "the cluster security group",
             ),
-            "PlacementGroupName": (
-                self.placement.placement_group.placement_group_name,
-                "the cluster placement group",
+            "PlacementGroupNames": (
+                ",".join(
+                    f"{name}={fleet.placement_group.placement_group_name}"
+                    for name, fleet in self.fleets.items()
+                    if fleet.placement_group is not None
+                )
+                or "none",
+                "cluster placement groups, <group>=<placement group name> for each instance "
+                "group that uses one; none: no group does",
             ),
             "DashboardName": (
                 self.dashboard.dashboard.dashboard_name,

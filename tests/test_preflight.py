@@ -50,6 +50,8 @@ VCPUS = {"g5.xlarge": 4, "g6.xlarge": 4, "c6i.4xlarge": 16, "c7i.4xlarge": 16}
 # Returned out of name order on purpose: the index must follow name order (Fn::GetAZs).
 ZONES = [("us-east-1c", "use1-az4"), ("us-east-1a", "use1-az6"), ("us-east-1b", "use1-az1")]
 G_SPOT, STANDARD_SPOT = "L-3819A6DF", "L-34B43A08"
+PLACEMENT_WARN = "cluster placement (trainer)"
+"""The one WARN of SPEC that needs no AWS call: two trainer types in one cluster placement group."""
 
 
 @dataclass
@@ -321,8 +323,10 @@ def test_all_pass(spec: ClusterSpec, stubs: Stubs) -> None:
         "AMI parameter (dataprep)",
         "CDK bootstrap stack",
         "CDK bootstrap version",
+        PLACEMENT_WARN,  # dataprep uses no placement group: no row
     ]
-    assert {r.status for r in rows.values()} == {Status.PASS}
+    # Every AWS check passes; the spec's two trainer types in one cluster placement group warn.
+    assert [n for n, r in rows.items() if r.status is not Status.PASS] == [PLACEMENT_WARN]
     assert rows["availability zone"].detail.startswith("index 1 -> us-east-1b (use1-az1)")
     g = rows["vCPU quota L-3819A6DF"].detail
     assert g.startswith("All G and VT Spot Instance Requests: needs 8 vCPUs")
@@ -344,7 +348,10 @@ def test_spot_quota_too_low_names_code_and_vcpus(spec: ClusterSpec, stubs: Stubs
     )
     assert "--quota-code L-3819A6DF --desired-value 8 --region us-east-1" in g.fix
     assert rows["vCPU quota L-34B43A08"].status is Status.PASS
-    assert [r.name for r in rows.values() if r.status is not Status.PASS] == [g.name]
+    assert [r.name for r in rows.values() if r.status is not Status.PASS] == [
+        g.name,
+        PLACEMENT_WARN,
+    ]
 
 
 def test_unknown_quota_code_fails_naming_the_table(spec: ClusterSpec, stubs: Stubs) -> None:
@@ -463,7 +470,10 @@ def test_access_denied_becomes_fail_naming_the_action(spec: ClusterSpec, stubs: 
         "(an IAM policy statement)"
     )
     # Only that check failed; the dataprep group's score was still asked for and passed.
-    assert [r.name for r in rows.values() if r.status is not Status.PASS] == [denied.name]
+    assert [r.name for r in rows.values() if r.status is not Status.PASS] == [
+        denied.name,
+        PLACEMENT_WARN,
+    ]
 
 
 def test_no_credentials_is_one_fail_row_not_a_traceback(spec: ClusterSpec) -> None:
@@ -477,6 +487,38 @@ def test_no_credentials_is_one_fail_row_not_a_traceback(spec: ClusterSpec) -> No
     rows = preflight.run_checks(spec, clients, REGION)
     assert [(r.name, r.status) for r in rows] == [("AWS credentials", Status.FAIL)]
     assert rows[0].fix.startswith("configure AWS credentials")
+
+
+def test_cluster_placement_warns_on_several_types(tmp_path: Path) -> None:
+    """Spec only, no AWS call: a WARN row for a cluster-placement group with several types, a
+    PASS row for one with one type, no row for a group without a placement group."""
+    path = tmp_path / "placement.toml"
+    path.write_text(
+        SPEC.replace(
+            'efa = "off"', 'efa = "off"\nplacement = "cluster"'
+        ).replace(  # dataprep: 2 types
+            '["g5.xlarge", "g6.xlarge"]', '["g5.xlarge"]'
+        )  # trainer: 1 type
+    )
+    rows = preflight.check_cluster_placement(load_spec(path))
+    assert [(r.name, r.status) for r in rows] == [
+        ("cluster placement (trainer)", Status.PASS),
+        ("cluster placement (dataprep)", Status.WARN),
+    ]
+    assert rows[0].detail == "g5.xlarge only: one instance type, as AWS advises"
+    assert rows[1].detail == (
+        "group 'dataprep' uses a cluster placement group with 2 instance types "
+        "(c6i.4xlarge, c7i.4xlarge); AWS recommends the same instance type for all instances "
+        "in a cluster placement group: more than one type raises the chance of an "
+        "insufficient capacity error (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/"
+        "placement-strategies.html#placement-groups-cluster)"
+    )
+    assert rows[1].fix == (
+        f"list one instance type in the group, or set placement = 'none' on it in {path}"
+    )
+    # placement = "none" on both: nothing to check.
+    path.write_text(SPEC.replace('market = "spot"', 'market = "spot"\nplacement = "none"'))
+    assert preflight.check_cluster_placement(load_spec(path)) == []
 
 
 def test_quota_classes_and_vcpu_needs(tmp_path: Path) -> None:
@@ -527,14 +569,14 @@ def test_cli_prints_table_and_exit_code(
     out = capsys.readouterr().out
     assert seen == [REGION]
     assert "hetero preflight" in out
-    assert "12 passed, 0 warning(s), 0 failed" in out
+    assert "12 passed, 1 warning(s), 0 failed" in out
     line = next(x for x in out.splitlines() if "vCPU quota L-3819A6DF" in x)
     assert "PASS" in line and "needs 8 vCPUs" in line
 
     expect_all(stubs, quotas={STANDARD_SPOT: 5.0})
     assert cli.main(["preflight", "--spec", str(spec_path), "--region", REGION]) == 1
     out = capsys.readouterr().out
-    assert "11 passed, 0 warning(s), 1 failed" in out
+    assert "11 passed, 1 warning(s), 1 failed" in out
     line = next(x for x in out.splitlines() if "vCPU quota L-34B43A08" in x)
     assert "FAIL" in line and "--quota-code L-34B43A08 --desired-value 16" in line
 

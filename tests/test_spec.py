@@ -14,9 +14,11 @@ import pytest
 
 from training.aws_tags import asg_name
 from training.spec import (
+    CLUSTER_PLACEMENT_DOC,
     Efa,
     Market,
     Parallelism,
+    Placement,
     Role,
     SpecError,
     load_spec,
@@ -133,6 +135,92 @@ def test_efa_auto_on_a_type_with_efa() -> None:
     assert spec.trainer_group.ranks_per_instance == 8
 
 
+# ----------------------------------------------------------------------------- placement
+
+
+def _group(role: str, types: list[str], count: int, **extra: Any) -> dict[str, Any]:
+    name = "trainer" if role == "trainer" else "dataprep"
+    return {"name": name, "role": role, "instance_types": types, "count": count, **extra}
+
+
+@pytest.mark.parametrize(
+    ("role", "types", "count", "extra", "cluster"),
+    [
+        # Trainers of more than one instance: their all-reduce crosses instances.
+        ("trainer", ["g5.xlarge"], 2, {}, True),
+        # One trainer instance: no traffic between trainer instances to speed up.
+        ("trainer", ["g5.xlarge"], 1, {}, False),
+        # EFA in use (auto, every type has it): cluster even for one instance ...
+        ("trainer", ["p4d.24xlarge"], 1, {}, True),
+        ("dataprep", ["c5n.18xlarge"], 2, {}, True),
+        # ... but not where EFA is off.
+        ("trainer", ["p4d.24xlarge"], 1, {"efa": "off"}, False),
+        ("dataprep", ["c5n.18xlarge"], 2, {"efa": "off"}, False),
+        # Dataprep without EFA: none, whatever the count.
+        ("dataprep", ["c6i.4xlarge"], 1, {}, False),
+        ("dataprep", ["c6i.4xlarge", "c7i.4xlarge"], 4, {}, False),
+    ],
+)
+def test_placement_defaults_by_role_count_and_efa(
+    role: str, types: list[str], count: int, extra: dict[str, Any], cluster: bool
+) -> None:
+    doc = spec_with()
+    doc["groups"][0 if role == "trainer" else 1] = _group(role, types, count, **extra)
+    group = parse_spec(doc).group(role)
+    assert group.placement is None  # not in the spec: the rule decides
+    assert group.uses_cluster_placement is cluster
+
+
+def test_explicit_placement_overrides_the_default() -> None:
+    doc = spec_with()
+    doc["groups"][0]["placement"] = "none"  # a 2-instance trainer: cluster by default
+    doc["groups"][1]["placement"] = "cluster"  # dataprep: none by default
+    spec = parse_spec(doc)
+    assert spec.trainer_group.placement is Placement.NONE
+    assert not spec.trainer_group.uses_cluster_placement
+    (dataprep,) = spec.dataprep_groups
+    assert dataprep.placement is Placement.CLUSTER and dataprep.uses_cluster_placement
+    # An EFA group may opt out too.
+    doc["groups"][0] = _group("trainer", ["p4d.24xlarge"], 2, placement="none")
+    efa = parse_spec(doc).trainer_group
+    assert efa.use_efa and not efa.uses_cluster_placement
+
+
+def test_bad_placement_names_the_field_and_valid_values() -> None:
+    doc = spec_with()
+    doc["groups"][1]["placement"] = "spread"
+    assert problems(doc) == [
+        "groups[1].placement: 'spread' is not valid; use one of 'cluster', 'none'"
+    ]
+    doc["groups"][1]["placement"] = True
+    assert problems(doc) == ["groups[1].placement: expected str, got bool True"]
+    doc["groups"][1]["placment"] = "none"
+    del doc["groups"][1]["placement"]
+    (msg,) = problems(doc)
+    assert msg.startswith("groups[1].placment: unknown key (did you mean 'placement'?)")
+
+
+def test_placement_warning_for_several_types_in_a_cluster_placement_group() -> None:
+    doc = spec_with()
+    doc["groups"][0]["instance_types"] = ["g5.xlarge", "g6.xlarge"]
+    doc["groups"][1]["instance_types"] = ["c6i.4xlarge", "c7i.4xlarge"]
+    spec = parse_spec(doc)
+    assert spec.trainer_group.placement_warning == (
+        "group 'trainer' uses a cluster placement group with 2 instance types "
+        "(g5.xlarge, g6.xlarge); AWS recommends the same instance type for all instances in a "
+        "cluster placement group: more than one type raises the chance of an insufficient "
+        "capacity error (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/"
+        "placement-strategies.html#placement-groups-cluster)"
+    )
+    assert CLUSTER_PLACEMENT_DOC in spec.trainer_group.placement_warning
+    # Several types without a placement group, or one type with one: nothing to warn about.
+    (dataprep,) = spec.dataprep_groups
+    assert dataprep.placement_warning is None
+    assert parse_spec(spec_with()).trainer_group.placement_warning is None
+    doc["groups"][0]["placement"] = "none"
+    assert parse_spec(doc).trainer_group.placement_warning is None
+
+
 def test_trainer_types_need_gpus_and_equal_gpu_counts() -> None:
     doc = spec_with()
     doc["groups"][0]["instance_types"] = ["c6i.4xlarge"]
@@ -211,6 +299,27 @@ def test_cli_check_reports_problems(tmp_path: Path) -> None:
     )
     assert good.returncode == 0, good.stderr
     assert "dataprep" in good.stdout and "USD/h" in good.stdout
+
+
+def test_cli_check_warns_about_several_types_in_a_cluster_placement_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training import cli
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per row: no wrapping
+    # cluster.toml: 2 Spot trainers of g5.xlarge or g6.xlarge (cluster by default), dataprep none.
+    assert cli.main(["spec", "check", "--spec", str(REPO / "cluster.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "placement: trainer cluster, dataprep none" in out.splitlines()
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: group 'trainer' uses a cluster placement group with 2 instance types "
+        "(g5.xlarge, g6.xlarge); AWS recommends the same instance type for all instances in a "
+        "cluster placement group: more than one type raises the chance of an insufficient "
+        "capacity error (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/"
+        "placement-strategies.html#placement-groups-cluster); list one instance type in the "
+        "group, or set placement = 'none' on it"
+    ]
 
 
 def test_dataplane_churn_settings() -> None:

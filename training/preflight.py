@@ -8,7 +8,9 @@ read-only:
 2. the AZ that ``availability_zone_index`` selects, and that every group's types are offered there;
 3. the public SSM parameters that name the AMIs resolve in the region;
 4. the Spot placement score of that AZ for each Spot group (advisory);
-5. the CDK bootstrap stack exists and is recent enough for the synthesized templates.
+5. the CDK bootstrap stack exists and is recent enough for the synthesized templates;
+6. each group that uses a cluster placement group lists one instance type, as AWS advises
+   (advisory, from the spec alone: no AWS call).
 
 Each check is a function of boto3 clients that returns ``Check`` rows; any AWS error becomes that
 check's FAIL with its error code and the fix (for a missing permission: the IAM action), never a
@@ -29,7 +31,14 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 from botocore.parsers import ResponseParserError
 
 from training.aws_tags import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
-from training.spec import ClusterSpec, InstanceGroup, Market, Role, load_spec
+from training.spec import (
+    PLACEMENT_WARNING_FIX,
+    ClusterSpec,
+    InstanceGroup,
+    Market,
+    Role,
+    load_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -454,6 +463,26 @@ def check_placement_scores(
     return rows
 
 
+def check_cluster_placement(spec: ClusterSpec) -> list[Check]:
+    """One row per group that uses a cluster placement group (``uses_cluster_placement``):
+    WARN where it lists several instance types (``InstanceGroup.placement_warning``: AWS
+    recommends one type per cluster placement group). Groups without one get no row."""
+    rows = []
+    for group in spec.groups:
+        if not group.uses_cluster_placement:
+            continue
+        name = f"cluster placement ({group.name})"
+        warning = group.placement_warning
+        if warning is None:
+            detail = f"{group.instance_types[0]} only: one instance type, as AWS advises"
+            rows.append(Check(name, Status.PASS, detail))
+        else:
+            rows.append(
+                Check(name, Status.WARN, warning, f"{PLACEMENT_WARNING_FIX} in {spec.source}")
+            )
+    return rows
+
+
 def _placement_scores(ec2: Any, group: InstanceGroup, region: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for page in _pages(
@@ -649,6 +678,7 @@ def run_checks(spec: ClusterSpec, clients: Clients, region: str) -> list[Check]:
         )
     rows += check_ami_parameters(spec, clients.ssm, region)
     rows += check_cdk_bootstrap(clients.cloudformation, clients.ssm, account, region)
+    rows += check_cluster_placement(spec)
     return rows
 
 

@@ -55,6 +55,27 @@ class Efa(StrEnum):
     OFF = "off"
 
 
+class Placement(StrEnum):
+    """Where a group's instances go: ``cluster``, a cluster placement group of their own (one
+    AZ, one high-bisection network segment); ``none``, anywhere in the cluster's subnet."""
+
+    CLUSTER = "cluster"
+    NONE = "none"
+
+
+CLUSTER_PLACEMENT_DOC = (
+    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html"
+    "#placement-groups-cluster"
+)
+"""AWS's advice on cluster placement groups: "Use the same instance type for all instances in
+the placement group" and "Use a single launch request to launch the number of instances that you
+need in the placement group"; "If you try to add more instances to the placement group later, or
+if you try to launch more than one instance type in the placement group, you increase your
+chances of getting an insufficient capacity error"."""
+PLACEMENT_WARNING_FIX = "list one instance type in the group, or set placement = 'none' on it"
+"""What to do about an ``InstanceGroup.placement_warning``."""
+
+
 class Parallelism(StrEnum):
     DDP = "ddp"
     FSDP = "fsdp"
@@ -141,6 +162,39 @@ class InstanceGroup:
     """``auto``: EFA where every listed type has it; ``on``: required; ``off``: never."""
     processes_per_instance: int | None = None
     """Trainer ranks (or data servers) per instance; default: GPUs per instance, or 1."""
+    placement: Placement | None = None
+    """``cluster`` or ``none``; ``None`` (not in the spec) resolves by
+    ``uses_cluster_placement``."""
+
+    @property
+    def uses_cluster_placement(self) -> bool:
+        """Whether the group gets a cluster placement group of its own: as the spec says, else
+        only where it pays, that is trainer groups of more than one instance (their gradient
+        all-reduce crosses instances) and groups that use EFA ("We recommended you launch all
+        instances that use EFA in a cluster placement group", one per node group: AWS PCS,
+        https://docs.aws.amazon.com/pcs/latest/userguide/working-with_networking_efa_create-placement-group.html).
+        Dataprep groups and single-instance trainer groups default to none: every launch into
+        a cluster placement group, Spot replacements and Capacity Rebalancing's included, is
+        one more chance of an insufficient capacity error (``CLUSTER_PLACEMENT_DOC``) for no
+        gain. The one rule that infra, preflight and ``spec check`` read."""
+        if self.placement is not None:
+            return self.placement is Placement.CLUSTER
+        return (self.role is Role.TRAINER and self.count > 1) or self.use_efa
+
+    @property
+    def placement_warning(self) -> str | None:
+        """Why this group's placement goes against AWS's advice, or None: a cluster placement
+        group with several instance types. ``hetero spec check`` and ``hetero preflight`` print
+        it with ``PLACEMENT_WARNING_FIX``; a warning, not an error (the spec stays valid)."""
+        if not self.uses_cluster_placement or len(self.instance_types) < 2:
+            return None
+        return (
+            f"group {self.name!r} uses a cluster placement group with "
+            f"{len(self.instance_types)} instance types ({', '.join(self.instance_types)}); "
+            "AWS recommends the same instance type for all instances in a cluster placement "
+            "group: more than one type raises the chance of an insufficient capacity error "
+            f"({CLUSTER_PLACEMENT_DOC})"
+        )
 
     @property
     def use_efa(self) -> bool:
@@ -411,7 +465,7 @@ class ClusterSpec:
     groups: tuple[InstanceGroup, ...]
     job: JobSpec
     availability_zone_index: int = 0
-    """Which AZ of the region (by index) holds the placement group and every instance."""
+    """Which AZ of the region (by index) holds every instance (and every placement group)."""
     source: str = "cluster spec"
 
     @property
@@ -599,6 +653,7 @@ def _parse_group(r: _Reader, t: Mapping[str, Any]) -> InstanceGroup | None:
             r.problem("processes_per_instance", f"must be at least 1, got {ppi_raw}")
         else:
             ppi = ppi_raw
+    placement = r.choice(t, "placement", Placement, None)
     if not name or role is None or not types or len(known) != len(types):
         return None
     return InstanceGroup(
@@ -609,6 +664,7 @@ def _parse_group(r: _Reader, t: Mapping[str, Any]) -> InstanceGroup | None:
         market=market,
         efa=efa,
         processes_per_instance=ppi,
+        placement=placement,
     )
 
 

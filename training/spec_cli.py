@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from training.spec import load_spec
+from training.spec import PLACEMENT_WARNING_FIX, load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,4 +40,20 @@ def run(args: argparse.Namespace) -> int:
         f"{job.parallelism.strategy.value}, dataset {job.dataset.source.value}, "
         f"augmentation {job.augmentation.describe()}; cluster {spec.usd_per_hour():.2f} USD/h"
     )
+    # A line of its own, not a column: the table already fills 80 columns.
+    console.print(
+        "placement: "
+        + ", ".join(
+            f"{g.name} {'cluster' if g.uses_cluster_placement else 'none'}" for g in spec.groups
+        ),
+        markup=False,
+    )
+    # Advice, not errors: the spec is valid and deploys; the exit code stays 0.
+    for g in spec.groups:
+        if g.placement_warning:
+            console.print(
+                f"warning: {g.placement_warning}; {PLACEMENT_WARNING_FIX}",
+                style="yellow",
+                markup=False,
+            )
     return 0

@@ -1,4 +1,5 @@
-"""The cluster stack: placement group, image, bucket, roles, and one fleet per instance group."""
+"""The cluster stack: image, bucket, roles, and one fleet per instance group (with its own
+cluster placement group where the group uses one)."""
 
 from __future__ import annotations
 
@@ -86,14 +87,74 @@ def _ssm_parameter_default(built: BuiltApp, image_id: dict[str, str]) -> str:
 # ----------------------------------------------------------------------------- placement
 
 
-def test_one_cluster_placement_group_used_by_every_group(spot: BuiltApp, efa: BuiltApp) -> None:
+def _placement(built: BuiltApp, group: str) -> object:
+    """The Placement of the group's launch template(s), one value for all of them (None where
+    absent)."""
+    fleet = built.stacks.cluster.fleets[group]
+    found = []
+    for template in fleet.launch_templates.values():
+        cfn = template.node.default_child
+        assert isinstance(cfn, cdk.CfnResource)
+        lid = built.stacks.cluster.get_logical_id(cfn)
+        res = built.cluster.find_resources("AWS::EC2::LaunchTemplate")[lid]
+        found.append(res["Properties"]["LaunchTemplateData"].get("Placement"))
+    assert all(f == found[0] for f in found), found
+    return found[0]
+
+
+def _own_placement_group(built: BuiltApp, group: str) -> dict[str, Any]:
+    """``{"GroupName": GetAtt}`` of the group's own cluster placement group."""
+    pg = built.stacks.cluster.fleets[group].placement_group
+    assert pg is not None, group
+    cfn = pg.node.default_child
+    assert isinstance(cfn, cdk.CfnResource)
+    lid = built.stacks.cluster.get_logical_id(cfn)
+    res = built.cluster.find_resources("AWS::EC2::PlacementGroup")[lid]
+    assert res["Properties"]["Strategy"] == "cluster"
+    return {"GroupName": {"Fn::GetAtt": [lid, "GroupName"]}}
+
+
+def test_placement_groups_only_where_they_pay_one_per_group(spot: BuiltApp, efa: BuiltApp) -> None:
+    # Spot spec: 2 trainers (cluster by default), 1 dataprep without EFA (none by default).
+    assert len(spot.cluster.find_resources("AWS::EC2::PlacementGroup")) == 1
+    assert _placement(spot, "trainer") == _own_placement_group(spot, "trainer")
+    assert spot.stacks.cluster.fleets["dataprep"].placement_group is None
+    assert _placement(spot, "dataprep") is None
+    # EFA spec: both groups use EFA, so both get one, each its own (AWS: one instance type per
+    # cluster placement group), never a shared one.
+    assert len(efa.cluster.find_resources("AWS::EC2::PlacementGroup")) == 2
+    gpu, cpu = (_own_placement_group(efa, g) for g in ("gpu", "cpu"))
+    assert gpu != cpu
+    assert (_placement(efa, "gpu"), _placement(efa, "cpu")) == (gpu, cpu)
+    # Placement goes through the launch template only; the groups name none themselves.
     for built in (spot, efa):
-        pgs = built.cluster.find_resources("AWS::EC2::PlacementGroup")
-        assert [r["Properties"]["Strategy"] for r in pgs.values()] == ["cluster"]
-        pg_ref = {"Fn::GetAtt": [next(iter(pgs)), "GroupName"]}
         for group in built.stacks.cluster.fleets:
-            placement = _launch_template_data(built, group)["Placement"]
-            assert placement == {"GroupName": pg_ref}, group
+            assert "PlacementGroup" not in _asg(built, group), group
+
+
+def test_the_spec_placement_setting_overrides_the_default(tmp_path: Path) -> None:
+    spec = SPOT_SPEC.replace("count = 2\n", 'count = 2\nplacement = "none"\n').replace(
+        'efa = "off"', 'efa = "off"\nplacement = "cluster"'
+    )
+    assert spec.count("placement") == 2
+    built = build(tmp_path, spec)
+    assert len(built.cluster.find_resources("AWS::EC2::PlacementGroup")) == 1
+    assert built.stacks.cluster.fleets["trainer"].placement_group is None
+    assert _placement(built, "trainer") is None
+    dataprep = _own_placement_group(built, "dataprep")
+    assert _placement(built, "dataprep") == dataprep
+    assert built.cluster.to_json()["Outputs"]["PlacementGroupNames"]["Value"] == {
+        "Fn::Join": ["", ["dataprep=", dataprep["GroupName"]]]
+    }
+
+
+def test_no_placement_group_where_no_group_uses_one(tmp_path: Path) -> None:
+    # One trainer instance without EFA and a dataprep group: neither gains from one.
+    built = build(tmp_path, SPOT_SPEC.replace("count = 2\n", "count = 1\n"))
+    assert built.cluster.find_resources("AWS::EC2::PlacementGroup") == {}
+    for group in ("trainer", "dataprep"):
+        assert _placement(built, group) is None, group
+    assert built.cluster.to_json()["Outputs"]["PlacementGroupNames"]["Value"] == "none"
 
 
 def test_groups_launch_in_the_one_cluster_subnet_of_the_spec_az(spot: BuiltApp) -> None:
@@ -102,7 +163,8 @@ def test_groups_launch_in_the_one_cluster_subnet_of_the_spec_az(spot: BuiltApp) 
     for group in ("trainer", "dataprep"):
         subnets = _asg(spot, group)["VPCZoneIdentifier"]
         assert [imported(spot, s) for s in subnets] == [subnet], group
-    # That subnet is in the AZ the spec chose (index 1), where the placement group's instances go.
+    # That subnet is in the AZ the spec chose (index 1): every group's instances go there, with
+    # a placement group or without.
     lid = subnet["Ref"]  # type: ignore[index]
     az = spot.network.to_json()["Resources"][lid]["Properties"]["AvailabilityZone"]
     assert az == {"Fn::Select": [1, {"Fn::GetAZs": ""}]}
@@ -202,6 +264,8 @@ def test_a_group_mixing_efa_layouts_gets_one_template_per_layout(tmp_path: Path)
             for lid in lids}  # fmt: skip
     assert _without_groups(nics[p5]) == _efa_layout(32)
     assert _without_groups(nics[p4d]) == _efa_layout(4)
+    # Both templates put the group's instances into the group's one placement group.
+    assert _placement(built, "dnn_group") == _own_placement_group(built, "dnn_group")
     policy = _asg(built, "dnn_group")["MixedInstancesPolicy"]["LaunchTemplate"]
     assert policy["LaunchTemplateSpecification"]["LaunchTemplateId"] == {"Ref": p5}
     assert policy["Overrides"] == [
@@ -512,9 +576,12 @@ def test_outputs_for_users_and_the_sagemaker_backend(spot: BuiltApp) -> None:
         "SageMakerRoleArn",
         "SubnetId",
         "SecurityGroupId",
-        "PlacementGroupName",
+        "PlacementGroupNames",
     ):
         assert key in outputs, key
+    # Only the trainer group has a cluster placement group: <group>=<its generated name>.
+    trainer_pg = _own_placement_group(spot, "trainer")["GroupName"]
+    assert outputs["PlacementGroupNames"]["Value"] == {"Fn::Join": ["", ["trainer=", trainer_pg]]}
     assert outputs["AutoScalingGroupNames"]["Value"] == "vit-spot-trainer,vit-spot-dataprep"
     # The model lands in model/ beside a job's checkpoints (training.trainer.export.MODEL_FOLDER).
     assert outputs["ModelUri"]["Value"] == {
