@@ -11,6 +11,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from training.launcher.ec2_job import Ec2Job, LoopSettings
@@ -99,6 +100,31 @@ class RecordingAutoScaling:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+
+class TerminatingAutoScaling(RecordingAutoScaling):
+    """As Auto Scaling does with the termination hook: once the trainer group is at zero, its
+    instance waits in Terminating:Wait (moto terminates it at once, hook or not).
+    CompleteLifecycleAction is recorded, then answered with ``error`` when one is given."""
+
+    def __init__(self, client: Any, error: Exception | None = None) -> None:
+        super().__init__(client)
+        self.error = error
+
+    def describe_auto_scaling_instances(self, **kw: Any) -> dict[str, Any]:
+        groups = self._client.describe_auto_scaling_groups(AutoScalingGroupNames=["one-trainer"])
+        if groups["AutoScalingGroups"][0]["DesiredCapacity"]:
+            return dict(self._client.describe_auto_scaling_instances(**kw))
+        if self.completed:  # The action was completed (or tried): the instance is gone.
+            return {"AutoScalingInstances": []}
+        held = {"AutoScalingGroupName": "one-trainer", "LifecycleState": "Terminating:Wait"}
+        return {"AutoScalingInstances": [{"InstanceId": i, **held} for i in kw["InstanceIds"]]}
+
+    def complete_lifecycle_action(self, **kw: Any) -> dict[str, Any]:
+        self.completed.append(kw)
+        if self.error is not None:
+            raise self.error
+        return {}
 
 
 @pytest.fixture
@@ -192,6 +218,57 @@ def test_finished_records_the_outcome_and_scales_every_group_to_zero(
     assert outcome is not None
     assert (outcome["outcome"], outcome["by"]) == ("finished", cluster["instance_id"])
     assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+
+
+COMPLETED_OWN_HOOK = {
+    "LifecycleHookName": "hetero-checkpoint",
+    "AutoScalingGroupName": "one-trainer",
+    "LifecycleActionResult": "CONTINUE",
+}
+
+
+@pytest.mark.parametrize("plays", [["finished"], ["crash"]])
+def test_job_end_completes_the_hook_for_its_own_termination(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds, plays: list[str]
+) -> None:
+    """Finished, or failed beyond the budget: the groups go to zero, Auto Scaling holds this
+    trainer in Terminating:Wait, and the launcher completes the hook before it exits."""
+    asg = cluster["asg"] = TerminatingAutoScaling(cluster["asg"]._client)
+    job, _ = make_job(cluster, tmp_path, fake_imds, plays, budget=0)
+    assert job.run() == (EXIT_FINISHED if plays == ["finished"] else EXIT_FAILED)
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+    assert asg.completed == [{**COMPLETED_OWN_HOOK, "InstanceId": cluster["instance_id"]}]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ClientError(
+            {"Error": {"Code": "ValidationError", "Message": "No active Lifecycle Action"}},
+            "CompleteLifecycleAction",
+        ),
+        NotImplementedError("The complete_lifecycle_action action has not been implemented"),
+    ],
+    ids=["validation-error", "moto-not-implemented"],
+)
+def test_a_failed_completion_does_not_change_the_exit_code(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds, error: Exception
+) -> None:
+    asg = cluster["asg"] = TerminatingAutoScaling(cluster["asg"]._client, error)
+    job, _ = make_job(cluster, tmp_path, fake_imds, ["finished"])
+    assert job.run() == EXIT_FINISHED
+    assert len(asg.completed) == 1
+
+
+def test_with_moto_the_instance_is_gone_and_nothing_is_completed(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    """moto (the rehearsal's Auto Scaling) terminates at once: no wait, no call."""
+    job, _ = make_job(cluster, tmp_path, fake_imds, ["finished"])
+    started = time.monotonic()
+    assert job.run() == EXIT_FINISHED
+    assert cluster["asg"].completed == []
+    assert time.monotonic() - started < 30
 
 
 def test_a_peer_stop_re_forms_without_using_the_restart_budget(

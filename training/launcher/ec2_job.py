@@ -22,6 +22,11 @@ Each pass:
    - failed otherwise (a crash, peers that never came): count it against the restart budget
      and retry after an exponential backoff; beyond the budget, end the job as failed.
 
+5. After a host ended the job (its group, like every group, scaled to zero), and with a
+   termination hook (``HETERO_LIFECYCLE_HOOK``, the trainer group): wait, bounded, until Auto
+   Scaling holds this instance in Terminating:Wait and complete the lifecycle action, so it
+   does not bill until the hook's heartbeat timeout (``job_end.complete_own_termination``).
+
 With a job pointer (``jobparam.JobWatch``: the launcher was started with
 ``HETERO_JOB_PARAMETER``), every pass first reads the pointer again, and a thread reads it every
 ``job_poll_s`` while the role runs or waits for peers. When another job was started
@@ -61,7 +66,12 @@ from training.launcher.membership import (
 )
 from training.launcher.names import ENV_CHECKPOINT_URI, ENV_LIFECYCLE_HOOK
 from training.launcher.peers import Peers
-from training.launcher.spot import ASG_TERMINATION, SpotNotice, SpotWatcher
+from training.launcher.spot import (
+    ASG_TERMINATION,
+    TARGET_LIFECYCLE_PATH,
+    SpotNotice,
+    SpotWatcher,
+)
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
 from training.outcome import (
     EXIT_FAILED,
@@ -103,6 +113,10 @@ class LoopSettings:
     """Adopt the role's orphaned descendants (Linux), so none outlives the launcher."""
     job_poll_s: float = 30.0
     """Between reads of the job pointer while the role runs or waits (with a ``JobWatch``)."""
+    lifecycle_wait_s: float = 120.0
+    """After this host ended the job (groups at zero): how long it waits for its own instance to
+    reach Terminating:Wait, to complete the termination hook (``job_end.complete_own_termination``;
+    polled every ``spot_poll_s``). The hook's heartbeat timeout (300 s) ends any wait left."""
 
 
 @dataclass
@@ -165,6 +179,8 @@ class Ec2Job:
         self.signals = _Signals()
         self.failures = 0
         self.generation = 0
+        self.ended_job = False
+        """True once this host ended the job (outcome recorded, every group scaled to zero)."""
 
     # -- outside events ----------------------------------------------------------------------
 
@@ -269,8 +285,9 @@ class Ec2Job:
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        imds = ImdsClient(self.settings.imds_url, timeout_s=self.settings.imds_timeout_s)
         watcher = SpotWatcher(
-            ImdsClient(self.settings.imds_url, timeout_s=self.settings.imds_timeout_s),
+            imds,
             self._on_notice,
             on_rebalance=self._on_rebalance,
             interval_s=self.settings.spot_poll_s,
@@ -286,7 +303,12 @@ class Ec2Job:
                 target=self._watch_job, args=(done,), name="job-watch", daemon=True
             ).start()
         try:
-            return self._loop()
+            code = self._loop()
+            done.set()
+            watcher.stop()  # From here a Terminated target state is this job end's own.
+            if self.ended_job and self.hook:
+                self._complete_own_termination(imds)
+            return code
         finally:
             done.set()
             watcher.stop()
@@ -526,8 +548,25 @@ class Ec2Job:
             )
         except Exception as e:
             log.error("could not end the job: %s", e)
+        else:
+            self.ended_job = bool(self.asg_names)  # without groups nothing was scaled to zero
         self._set_host(state=f"job-{outcome.value}", reason=reason)
         return True
+
+    def _complete_own_termination(self, imds: ImdsClient) -> None:
+        """The groups are at zero: complete the termination hook for this instance once Auto
+        Scaling holds it in Terminating:Wait, so it stops billing now rather than at the hook's
+        heartbeat timeout (the launcher exits next: nobody else would). Never changes the exit
+        code; a signal (e.g. ``docker stop``) ends the wait."""
+        job_end.complete_own_termination(
+            self.autoscaling,
+            self.instance_id,
+            self.hook,
+            target_state=lambda: imds.get(TARGET_LIFECYCLE_PATH),
+            timeout_s=self.settings.lifecycle_wait_s,
+            poll_s=self.settings.spot_poll_s,
+            should_stop=lambda: self.signals.signum is not None,
+        )
 
     def _next_job(self) -> int:
         """Leave the old job (its role is stopped by now) for the new one."""

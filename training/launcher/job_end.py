@@ -1,10 +1,13 @@
 """Job end on EC2: record the outcome and scale the cluster's Auto Scaling groups to zero so no
-instance keeps billing; and the lifecycle-hook call that lets an Auto Scaling termination go on."""
+instance keeps billing; and the lifecycle-hook call that lets an Auto Scaling termination go on,
+both for a host that leaves and for each trainer's own termination after the job's end
+(``complete_own_termination``)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from training.launcher.jobrecord import JobRecord
@@ -72,24 +75,116 @@ def end_job(
     scale_to_zero(autoscaling, asg_names)
 
 
-def complete_lifecycle_action(autoscaling: Any, instance_id: str, hook_name: str) -> bool:
+def complete_lifecycle_action(
+    autoscaling: Any, instance_id: str, hook_name: str, *, group: str | None = None
+) -> bool:
     """Tell Auto Scaling that this instance has finished its termination work (checkpoint
     saved), so the termination goes on now rather than at the hook's heartbeat timeout.
-    Returns False (logged) when it could not: the hook's timeout then ends the wait."""
+    ``group`` is the instance's Auto Scaling group (looked up with DescribeAutoScalingInstances
+    when not given). Returns False (logged, never raised) when it could not: a ValidationError
+    means no lifecycle action is pending for the instance (none began, or it was completed
+    already); the hook's timeout ends any wait that is left."""
     try:
-        found = autoscaling.describe_auto_scaling_instances(InstanceIds=[instance_id])
-        groups = [i["AutoScalingGroupName"] for i in found.get("AutoScalingInstances", [])]
-        if not groups:
-            log.warning("instance %s is in no Auto Scaling group: no lifecycle action", instance_id)
-            return False
+        if group is None:
+            found = autoscaling.describe_auto_scaling_instances(InstanceIds=[instance_id])
+            groups = [i["AutoScalingGroupName"] for i in found.get("AutoScalingInstances", [])]
+            if not groups:
+                log.warning(
+                    "instance %s is in no Auto Scaling group: no lifecycle action", instance_id
+                )
+                return False
+            group = groups[0]
         autoscaling.complete_lifecycle_action(
             LifecycleHookName=hook_name,
-            AutoScalingGroupName=groups[0],
+            AutoScalingGroupName=group,
             InstanceId=instance_id,
             LifecycleActionResult="CONTINUE",
         )
     except Exception as e:  # The hook's heartbeat timeout still lets the termination proceed.
-        log.warning("could not complete lifecycle action %s for %s: %s", hook_name, instance_id, e)
+        if _error_code(e) == "ValidationError":
+            log.info(
+                "no pending lifecycle action %s for %s (already completed, or none): %s",
+                hook_name, instance_id, e,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "could not complete lifecycle action %s for %s: %s", hook_name, instance_id, e
+            )
         return False
     log.info("completed lifecycle action %s for %s", hook_name, instance_id)
     return True
+
+
+TERMINATING_WAIT = "Terminating:Wait"
+"""The Auto Scaling lifecycle state in which a termination hook holds the instance."""
+_PAST_THE_HOOK = frozenset({"Terminating:Proceed", "Terminated"})
+
+
+def complete_own_termination(
+    autoscaling: Any,
+    instance_id: str,
+    hook_name: str,
+    *,
+    target_state: Callable[[], str | None],
+    timeout_s: float,
+    poll_s: float,
+    should_stop: Callable[[], bool] = lambda: False,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """After this host ended the job (its group scaled to zero): wait, at most ``timeout_s``,
+    until Auto Scaling holds this instance in ``Terminating:Wait`` for the termination hook,
+    then complete the lifecycle action with ``CONTINUE``, so the instance terminates now instead
+    of billing until the hook's heartbeat timeout. The launcher exits right after the job's
+    end, so nobody else would complete it.
+
+    Terminating:Wait is seen either in DescribeAutoScalingInstances (``LifecycleState``, which
+    also gives the group's name) or, from IMDS, ``autoscaling/target-lifecycle-state`` =
+    ``Terminated`` (``target_state``; https://docs.aws.amazon.com/autoscaling/ec2/userguide/retrieving-target-lifecycle-state-through-imds.html).
+    Returns True when the action was completed. Never raises: an instance no longer in a group
+    or already past the hook needs nothing, errors are logged, and whatever is left the hook's
+    timeout ends.
+    """
+    deadline = clock() + timeout_s
+    while True:
+        group: str | None = None
+        state: str | None = None
+        try:
+            found = autoscaling.describe_auto_scaling_instances(InstanceIds=[instance_id])
+            listed = found.get("AutoScalingInstances", [])
+            if not listed:
+                log.info(
+                    "instance %s is in no Auto Scaling group (terminated already): "
+                    "no lifecycle action to complete", instance_id,
+                )  # fmt: skip
+                return False
+            group, state = listed[0]["AutoScalingGroupName"], listed[0].get("LifecycleState")
+        except Exception as e:  # Throttling, a moment without the endpoint: poll again.
+            log.warning("could not read this instance's Auto Scaling state: %s", e)
+        if state in _PAST_THE_HOOK:
+            log.info("instance %s is %s: no lifecycle action to complete", instance_id, state)
+            return False
+        try:
+            target = target_state()
+        except Exception as e:
+            log.warning("could not read the target lifecycle state from IMDS: %s", e)
+            target = None
+        if state == TERMINATING_WAIT or (target or "").strip() == "Terminated":
+            return complete_lifecycle_action(autoscaling, instance_id, hook_name, group=group)
+        if should_stop() or clock() >= deadline:
+            log.warning(
+                "instance %s not in %s within %.0fs of the job's end (state %s): the hook's "
+                "heartbeat timeout ends its termination wait",
+                instance_id, TERMINATING_WAIT, timeout_s, state,
+            )  # fmt: skip
+            return False
+        sleep(min(poll_s, max(0.0, deadline - clock())))
+
+
+def _error_code(e: Exception) -> str | None:
+    """A botocore ClientError's code (``response["Error"]["Code"]``), else None."""
+    response = getattr(e, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        return str(code) if code is not None else None
+    return None
