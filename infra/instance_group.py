@@ -37,9 +37,20 @@ logger = logging.getLogger(__name__)
 # AL2023 AMI and adds only Docker, containerd, the ECS agent and a few utilities (package list:
 # variables.pkr.hcl `packages_al2023` in github.com/aws/amazon-ecs-ami), so it has no AWS CLI.
 # Neither image is logged in to ECR with the CLI: the user data installs the Amazon ECR credential
-# helper from the AL2023 repositories (dnf; github.com/awslabs/amazon-ecr-credential-helper, section
-# "Amazon Linux 2023") and Docker fetches registry credentials through it with the instance role.
+# helper from the AL2023 core repository (`DNF_INSTALL`; github.com/awslabs/amazon-ecr-credential-
+# helper, section "Amazon Linux 2023") and Docker fetches registry credentials through it with the
+# instance role.
 # The parameter names live in training/aws_tags.py; `hetero preflight` checks they resolve.
+AL2023_REPO = "amazonlinux"
+"""The repository id of Amazon Linux 2023's core repository (the AL2023 repositories are
+``amazonlinux``, ``kernel-livepatch``, ``amazonlinux-nvidia`` and ``amazonlinux-spal``:
+https://docs.aws.amazon.com/linux/al2023/ug/repo-metadata-signing.html). Docker and the ECR
+credential helper are both in it."""
+DNF_INSTALL = f"dnf --disablerepo='*' --enablerepo={AL2023_REPO} install -y"
+"""How the boot installs a package: from Amazon Linux 2023's core repository only (served from
+Amazon S3, reached through the S3 gateway endpoint). An AMI may carry repositories that are not
+Amazon Linux's own (the GPU AMI may carry NVIDIA's CUDA repository), which the private subnet has
+no route to; with them enabled, fetching their metadata could fail or stall the install."""
 ROOT_DEVICE = "/dev/xvda"
 LAUNCHER_RESTARTS = 5
 """Docker restarts of a launcher that exits non-zero (``docker run --restart on-failure:N``)."""
@@ -122,7 +133,7 @@ def user_data_script(
         # toolkit and containerd but not Docker, so install it if absent and register the NVIDIA
         # runtime for `--gpus`.
         "if ! command -v docker >/dev/null; then",
-        "  retry dnf install -y docker",
+        f"  retry {DNF_INSTALL} docker",
         *(
             ["  nvidia-ctk runtime configure --runtime=docker"]
             if group.role is Role.TRAINER
@@ -133,7 +144,7 @@ def user_data_script(
         # Registry login through the credential helper (neither AMI has the AWS CLI's
         # `ecr get-login-password` to rely on); packages come through the S3 gateway endpoint.
         "command -v docker-credential-ecr-login >/dev/null "
-        "|| retry dnf install -y amazon-ecr-credential-helper",
+        f"|| retry {DNF_INSTALL} amazon-ecr-credential-helper",
         'mkdir -p "$DOCKER_CONFIG"',
         'printf \'{"credHelpers": {"%s": "ecr-login"}}\\n\' "$REGISTRY" '
         '> "$DOCKER_CONFIG/config.json"',

@@ -302,7 +302,16 @@ def test_user_data_pulls_the_image_and_runs_the_launcher_as_the_group(spot: Buil
         # The exact boot sequence runs as a script in test_infra_user_data.py; here: no AWS CLI
         # (neither AMI is documented to have it), the ECR credential helper instead.
         assert "aws " not in script and "docker login" not in script
-        assert "retry dnf install -y amazon-ecr-credential-helper" in script
+        # Packages from Amazon Linux 2023's core repository only (`amazonlinux`): the exact
+        # lines, and no other dnf call.
+        lines = script.splitlines()
+        only_al2023 = "dnf --disablerepo='*' --enablerepo=amazonlinux install -y"
+        assert f"  retry {only_al2023} docker" in lines
+        assert (
+            "command -v docker-credential-ecr-login >/dev/null "
+            f"|| retry {only_al2023} amazon-ecr-credential-helper"
+        ) in lines
+        assert script.count("dnf ") == script.count(only_al2023) == 2
         assert 'retry docker pull "$IMAGE"' in script
         assert f"launch --spec {aws_tags.DEPLOYED_SPEC_PATH} --group {group}" in script
         for env in (

@@ -30,8 +30,16 @@ INSTANCE_ID = "i-0123456789abcdef0"
 
 # One stand-in for every host command: it appends [name, argv] to $STUB_LOG and fails the first
 # $STUB_FAIL_<NAME> calls of that name. curl answers IMDS's token and instance-id requests.
+# The exact dnf argv: Amazon Linux 2023's core repository only (its id, ``amazonlinux``:
+# https://docs.aws.amazon.com/linux/al2023/ug/repo-metadata-signing.html), never another repository
+# an AMI carries (NVIDIA's on the GPU AMI), which the isolated subnet cannot reach.
+DNF_ONLY_AL2023 = ["--disablerepo=*", "--enablerepo=amazonlinux", "install", "-y"]
+DNF_DOCKER = [*DNF_ONLY_AL2023, "docker"]
+DNF_HELPER = [*DNF_ONLY_AL2023, "amazon-ecr-credential-helper"]
+
 STUB = f"""#!{sys.executable}
 import json, os, sys
+DNF_DOCKER = {DNF_DOCKER!r}
 name = os.path.basename(sys.argv[0])
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps([name, sys.argv[1:]]) + "\\n")
@@ -41,7 +49,7 @@ open(counter, "w").write(str(calls))
 if calls <= int(os.environ.get("STUB_FAIL_" + name.upper(), "0")):
     print(name + ": stand-in failure " + str(calls), file=sys.stderr)
     sys.exit(1)
-if name == "dnf" and sys.argv[1:] == ["install", "-y", "docker"]:
+if name == "dnf" and sys.argv[1:] == DNF_DOCKER:
     # "installs" Docker: the stand-in docker appears on PATH
     me = open(sys.argv[0]).read()
     path = os.path.join(os.path.dirname(sys.argv[0]), "docker")
@@ -183,7 +191,7 @@ def test_boot_installs_the_credential_helper_pulls_and_runs_the_launcher(
     run[run.index("SPEC_DIR:SPEC_DIR:ro")] = f"{boot.spec_dir}:{boot.spec_dir}:ro"
     assert boot.calls() == [
         ("systemctl", ["enable", "--now", "docker"]),
-        ("dnf", ["install", "-y", "amazon-ecr-credential-helper"]),
+        ("dnf", DNF_HELPER),
         ("docker", ["pull", image]),
         ("curl", ["-sf", "-X", "PUT", "http://169.254.169.254/latest/api/token",
                   "-H", "X-aws-ec2-metadata-token-ttl-seconds: 60"]),
@@ -205,7 +213,7 @@ def test_network_steps_are_retried_until_they_succeed(spot: BuiltApp, tmp_path: 
     names = [(name, argv[0]) for name, argv in boot.calls()]
     assert names == [
         ("systemctl", "enable"),
-        ("dnf", "install"),
+        ("dnf", "--disablerepo=*"),
         ("docker", "pull"), ("sleep", "20"),
         ("docker", "pull"), ("sleep", "20"),
         ("docker", "pull"),
@@ -223,9 +231,14 @@ def test_a_step_that_never_succeeds_stops_the_boot_with_a_message(
     result = boot.run(dnf=99)
     assert result.returncode != 0
     calls = boot.calls()
-    assert [c[0] for c in calls] == ["systemctl"] + ["dnf", "sleep"] * 5 + ["dnf"]
+    assert calls == [("systemctl", ["enable", "--now", "docker"])] + [
+        ("dnf", DNF_HELPER), ("sleep", ["20"])
+    ] * 5 + [("dnf", DNF_HELPER)]  # fmt: skip
     assert not [c for c in calls if c[0] == "docker"]  # no pull, no launcher without the helper
-    assert 'giving up on "dnf install -y amazon-ecr-credential-helper"' in result.stderr
+    assert (
+        'giving up on "dnf --disablerepo=* --enablerepo=amazonlinux install -y '
+        'amazon-ecr-credential-helper"'
+    ) in result.stderr
 
 
 def test_user_data_decodes_in_the_launch_template(spot: BuiltApp) -> None:
@@ -247,11 +260,11 @@ def test_docker_is_installed_when_the_ami_lacks_it(
     assert result.returncode == 0, result.stderr
     first = [(name, argv) for name, argv in boot.calls()][:5]
     assert first == [
-        ("dnf", ["install", "-y", "docker"]),  # failed once: retried
+        ("dnf", DNF_DOCKER),  # failed once: retried
         ("sleep", ["20"]),
-        ("dnf", ["install", "-y", "docker"]),
+        ("dnf", DNF_DOCKER),
         *([("nvidia-ctk", ["runtime", "configure", "--runtime=docker"])] if trainer else []),
         ("systemctl", ["enable", "--now", "docker"]),
-        *([] if trainer else [("dnf", ["install", "-y", "amazon-ecr-credential-helper"])]),
+        *([] if trainer else [("dnf", DNF_HELPER)]),
     ]
     assert boot.calls()[-1][1][0] == "run"
