@@ -79,7 +79,9 @@ def step_files(bucket: str, step: int, root: str = "ckpts") -> set[str]:
 
 
 def steps_in(bucket: str) -> list[int]:
-    return sorted({int(k.split("/")[1].removeprefix("step-")) for k in keys(bucket)})
+    """The step-N folders (a finished run's model/ sits beside them)."""
+    folders = {k.split("/")[1] for k in keys(bucket)}
+    return sorted(int(f.removeprefix("step-")) for f in folders if f.startswith("step-"))
 
 
 class RecordingClient:
@@ -281,6 +283,9 @@ def test_two_hosts_save_all_shards_to_s3_and_resume_from_empty_folders(
     summary = json.loads((resumed / "run-host0" / "summary.json").read_text())
     assert summary["start_step"] == 2 and summary["resumed_from"].endswith("step-2")
     assert steps_in(bucket) == [2, 4]
+    # The finished job's model, beside the checkpoints in S3.
+    model = {k.split("/", 2)[2] for k in keys(bucket) if k.split("/")[1] == "model"}
+    assert model == {"model.safetensors", "config.json"}
 
     s3_copy = tmp_path / "from-s3"
     S3CheckpointStore(uri).download(STEPS, s3_copy)
