@@ -12,19 +12,23 @@ from constructs import Construct
 
 logger = logging.getLogger(__name__)
 
-# What the instances reach without internet access: image pulls (ECR api + docker, layers from
-# S3), container logs and metrics, Session Manager, peer discovery (EC2), credentials (STS) and
-# scaling the groups to zero at job end (Auto Scaling).
+# One interface endpoint per service something on the instances calls (what calls each, and why
+# monitoring, sts and ec2messages are not here: training.network_cost.INTERFACE_ENDPOINTS, which
+# also prices them; a synth test checks that both name the same services). Each one bills per
+# AZ-hour while the network stack exists, jobs or none.
 INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    # Image pulls: the ECR credential helper (GetAuthorizationToken) and Docker's registry calls.
     "Ecr": ec2.InterfaceVpcEndpointAwsService.ECR,
     "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
+    # Docker's awslogs driver: container logs, and the trainer's metrics as EMF events in them.
     "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
-    "Monitoring": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
+    # The launcher reads the job pointer (ssm:GetParameter); the SSM agent registers.
     "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
+    # Session Manager (the only way onto an instance: no SSH) opens its channels here.
     "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
-    "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+    # Peer discovery (ec2:DescribeInstances).
     "Ec2": ec2.InterfaceVpcEndpointAwsService.EC2,
-    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
+    # Job end (groups to 0), lifecycle actions, DescribeAutoScalingInstances.
     "AutoScaling": ec2.InterfaceVpcEndpointAwsService.AUTOSCALING,
 }
 

@@ -1,6 +1,7 @@
 """The two stacks of a cluster, one per lifecycle.
 
-``NetworkStack`` (VPC, endpoints, security groups) changes rarely and costs little while idle;
+``NetworkStack`` (VPC, endpoints, security groups) changes rarely; its interface endpoints bill
+per AZ-hour while it exists (``training.network_cost``);
 ``ClusterStack`` (image, roles, bucket, one fleet per instance group) is what each job changes.
 Splitting them lets a new job redeploy the cluster without touching the network, and lets
 ``cdk destroy`` of a job leave nothing but what the user asked to keep.

@@ -322,6 +322,26 @@ def test_cli_check_warns_about_several_types_in_a_cluster_placement_group(
     ]
 
 
+def test_cli_check_states_what_the_network_stack_costs_and_how_to_stop_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training import cli
+    from training.network_cost import INTERFACE_ENDPOINTS, network_usd_per_month
+
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert cli.main(["spec", "check", "--spec", str(REPO / "cluster.toml")]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("network stack")]
+    # 7 endpoints in one AZ at 0.01 USD per endpoint-AZ-hour, 730 h a month.
+    assert len(INTERFACE_ENDPOINTS) == 7
+    assert network_usd_per_month() == pytest.approx(51.10)
+    assert lines == [
+        "network stack hetero-vit-network: 7 interface endpoints x 1 AZ x 0.01 USD/h = "
+        "0.07 USD/h, 51.10 USD/month while it exists, jobs or none (us-east-1 price as of "
+        "2026-11-25, https://aws.amazon.com/privatelink/pricing/; data processed extra); stop "
+        f"it: npx cdk destroy --all -c spec={REPO / 'cluster.toml'}"
+    ]
+
+
 def test_dataplane_churn_settings() -> None:
     doc = spec_with(
         job={

@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from training.network_cost import network_cost_line
 from training.spec import PLACEMENT_WARNING_FIX, load_spec
 
 
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         ),
         markup=False,
     )
+    # The one cost that does not end with the job: the network stack's interface endpoints.
+    console.print(network_cost_line(spec, args.spec), markup=False)
     # Advice, not errors: the spec is valid and deploys; the exit code stays 0.
     for g in spec.groups:
         if g.placement_warning:

@@ -8,16 +8,18 @@ import aws_cdk as cdk
 import pytest
 from infra_support import SPOT_SPEC, BuiltApp, build
 
+from training.network_cost import INTERFACE_ENDPOINTS
+
+# Exactly the services something on the instances calls: no monitoring (metrics travel as EMF in
+# the logs), no sts (credentials come from IMDS), no ec2messages (the SSM agent uses
+# ssmmessages).
 EXPECTED_ENDPOINTS = {
     "ecr.api",
     "ecr.dkr",
     "logs",
-    "monitoring",
     "ssm",
     "ssmmessages",
-    "ec2messages",
     "ec2",
-    "sts",
     "autoscaling",
 }
 
@@ -76,6 +78,9 @@ def test_s3_gateway_and_every_interface_endpoint_the_instances_need(built: Built
         parts = props["ServiceName"]["Fn::Join"][1]
         services.add(parts[-1].lstrip("."))
     assert services == EXPECTED_ENDPOINTS
+    t.resource_count_is("AWS::EC2::VPCEndpoint", len(EXPECTED_ENDPOINTS) + 1)
+    # What hetero spec check prices is what the stack creates.
+    assert set(INTERFACE_ENDPOINTS) == EXPECTED_ENDPOINTS
 
 
 def test_flow_logs_capture_all_traffic(built: BuiltApp) -> None:
