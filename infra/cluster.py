@@ -227,13 +227,17 @@ class InstanceRole(Construct):
                 # for the instance's own termination after the job's end (groups at zero).
                 # TerminateInstanceInAutoScalingGroup: an instance that holds an older spec than
                 # the deployed job's has the group replace it (keeping the desired capacity).
-                # All four take the group as resource and aws:ResourceTag conditions
+                # SetInstanceHealth: a launcher that cannot start its job loop marks its own
+                # instance Unhealthy, so the group replaces it
+                # (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_SetInstanceHealth.html).
+                # All five take the group as resource and aws:ResourceTag conditions
                 # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html).
                 actions=[
                     "autoscaling:UpdateAutoScalingGroup",
                     "autoscaling:SetDesiredCapacity",
                     "autoscaling:CompleteLifecycleAction",
                     "autoscaling:TerminateInstanceInAutoScalingGroup",
+                    "autoscaling:SetInstanceHealth",
                 ],
                 resources=asg_arns,
                 conditions={

@@ -84,7 +84,10 @@ def user_data_script(
     """Shell lines that install the ECR credential helper, pull the image and run the launcher as
     ``group``. Each network step is retried (``BOOT_ATTEMPTS`` x ``BOOT_RETRY_SECONDS``) and the
     script stops with a message when one never succeeds, so a broken boot shows in the console log
-    instead of a launcher that never started.
+    instead of a launcher that never started; any failure that ends the script (an exhausted
+    retry, ``set -e``, ``docker run``) then runs ``shutdown -h now`` from an EXIT trap, which the
+    launch template's ``InstanceInitiatedShutdownBehavior = terminate`` turns into a termination,
+    so the Auto Scaling group launches a replacement.
 
     The spec reaches the instance here, at run time (never baked into the image): it is written to
     the host and mounted read-only into the container.
@@ -118,6 +121,19 @@ def user_data_script(
         '  echo "hetero boot: giving up on \\"$*\\"; the launcher was not started" >&2',
         "  return 1",
         "}",
+        # The give-up point: whatever ends this script with a failure (a step that never
+        # succeeded, `set -e` on any other command, `docker run` itself) leaves the instance with
+        # no launcher. Shut it down: the launch template's InstanceInitiatedShutdownBehavior is
+        # terminate, so the instance terminates and its Auto Scaling group replaces it. No AWS
+        # CLI needed (the dataprep AMI has none).
+        "give_up() {",
+        "  local rc=$?",
+        '  [ "$rc" -eq 0 ] && return 0',
+        '  echo "hetero boot: the boot failed (exit $rc); shutting down: this instance '
+        'terminates and its group replaces it" >&2',
+        "  shutdown -h now",
+        "}",
+        "trap give_up EXIT",
         "imds() {",
         "  local token",
         "  token=$(curl -sf -X PUT http://169.254.169.254/latest/api/token "
@@ -272,6 +288,9 @@ class InstanceGroupFleet(Construct):
                 user_data=user_data,
                 role=role,
                 require_imdsv2=True,
+                # A shutdown from the OS terminates the instance (the boot's give-up point):
+                # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html
+                instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
                 # 2 hops: processes in containers (bridge networking, e.g. docker's awslogs
                 # helper or a user's debug container) reach IMDS as well as the host.
                 http_put_response_hop_limit=2,

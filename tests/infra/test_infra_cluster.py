@@ -181,6 +181,19 @@ def test_launch_templates_require_imdsv2_and_expose_tags(spot: BuiltApp, efa: Bu
             assert meta["InstanceMetadataTags"] == "enabled", group
 
 
+def test_an_os_shutdown_terminates_the_instance(spot: BuiltApp, efa: BuiltApp) -> None:
+    """The boot's give-up point is ``shutdown -h now`` (no AWS CLI on the dataprep AMI): with
+    InstanceInitiatedShutdownBehavior terminate the instance terminates (the default, stop, would
+    leave it stopped in its group) and the Auto Scaling group replaces it. Every template of every
+    group, EFA layouts included."""
+    for built in (spot, efa):
+        templates = built.cluster.find_resources("AWS::EC2::LaunchTemplate")
+        assert templates
+        for lid, res in templates.items():
+            data = res["Properties"]["LaunchTemplateData"]
+            assert data["InstanceInitiatedShutdownBehavior"] == "terminate", lid
+
+
 def test_root_volume_encrypted_and_sized_by_role(spot: BuiltApp) -> None:
     sizes = {}
     for group in ("trainer", "dataprep"):
@@ -530,6 +543,8 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
     assert by_action["autoscaling:CompleteLifecycleAction"] is scale
     # So is the replacement of an instance that holds an older spec than the deployed job's.
     assert by_action["autoscaling:TerminateInstanceInAutoScalingGroup"] is scale
+    # And a launcher that cannot start its loop marks its own instance Unhealthy.
+    assert by_action["autoscaling:SetInstanceHealth"] is scale
     # No PutMetricData: the trainer's metrics are EMF log events, which need logs:PutLogEvents
     # only. Peer discovery; image pull; logs.
     assert "cloudwatch:PutMetricData" not in by_action

@@ -1,6 +1,7 @@
 """The user data as a script: the launch template's user data, taken from the synthesized
-template, runs under bash with stand-in `dnf`, `docker`, `curl`, `aws` and `sleep` on PATH. The
-tests assert the exact command sequence, the retries, the failure when a step never succeeds and
+template, runs under bash with stand-in `dnf`, `docker`, `curl`, `aws`, `sleep` and `shutdown` on
+PATH. The tests assert the exact command sequence, the retries, the failure when a step never
+succeeds (ending in ``shutdown -h now``, which the launch template turns into a termination) and
 the restart policy the launcher runs under.
 
 Only two lines are rewritten before running: where the spec and Docker's configuration go on the
@@ -29,7 +30,8 @@ REGISTRY = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com"
 INSTANCE_ID = "i-0123456789abcdef0"
 
 # One stand-in for every host command: it appends [name, argv] to $STUB_LOG and fails the first
-# $STUB_FAIL_<NAME> calls of that name. curl answers IMDS's token and instance-id requests.
+# $STUB_FAIL_<NAME> calls of that name ($STUB_FAIL_DOCKER_RUN: every `docker run`). curl answers
+# IMDS's token and instance-id requests.
 # The exact dnf argv: Amazon Linux 2023's core repository only (its id, ``amazonlinux``:
 # https://docs.aws.amazon.com/linux/al2023/ug/repo-metadata-signing.html), never another repository
 # an AMI carries (NVIDIA's on the GPU AMI), which the isolated subnet cannot reach.
@@ -46,6 +48,8 @@ with open(os.environ["STUB_LOG"], "a") as f:
 counter = os.path.join(os.environ["STUB_DIR"], name + ".calls")
 calls = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
 open(counter, "w").write(str(calls))
+if name == "docker" and sys.argv[1:2] == ["run"] and os.environ.get("STUB_FAIL_DOCKER_RUN"):
+    sys.exit("docker: stand-in failure of docker run")
 if calls <= int(os.environ.get("STUB_FAIL_" + name.upper(), "0")):
     print(name + ": stand-in failure " + str(calls), file=sys.stderr)
     sys.exit(1)
@@ -119,7 +123,9 @@ class Boot:
         )
         self.bin = tmp / "bin"
         self.bin.mkdir()
-        for name in ("dnf", "docker", "curl", "aws", "sleep", "systemctl", "nvidia-ctk"):
+        for name in (
+            "dnf", "docker", "curl", "aws", "sleep", "systemctl", "nvidia-ctk", "shutdown"
+        ):  # fmt: skip
             (self.bin / name).write_text(STUB)
             (self.bin / name).chmod(0o755)
         if not docker_installed:
@@ -233,12 +239,49 @@ def test_a_step_that_never_succeeds_stops_the_boot_with_a_message(
     calls = boot.calls()
     assert calls == [("systemctl", ["enable", "--now", "docker"])] + [
         ("dnf", DNF_HELPER), ("sleep", ["20"])
-    ] * 5 + [("dnf", DNF_HELPER)]  # fmt: skip
+    ] * 5 + [("dnf", DNF_HELPER), ("shutdown", ["-h", "now"])]  # fmt: skip
     assert not [c for c in calls if c[0] == "docker"]  # no pull, no launcher without the helper
     assert (
         'giving up on "dnf --disablerepo=* --enablerepo=amazonlinux install -y '
         'amazon-ecr-credential-helper"'
     ) in result.stderr
+    # The give-up point takes the instance out of service: the OS shutdown terminates it (the
+    # launch template's shutdown behaviour) and the group replaces it. No AWS CLI involved.
+    assert "shutting down: this instance terminates and its group replaces it" in result.stderr
+
+
+@pytest.mark.parametrize(("group", "trainer"), [("trainer", True), ("dataprep", False)])
+def test_a_failed_docker_run_shuts_the_instance_down(
+    spot: BuiltApp, tmp_path: Path, group: str, trainer: bool
+) -> None:
+    """`docker run` is not retried: when it fails, `set -e` ends the script and the EXIT trap
+    shuts the instance down, after exactly the boot's commands."""
+    boot = Boot(tmp_path, _script(spot, group))
+    result = boot.run(docker=1, docker_run=1)  # the pull fails once (retried), then the run
+    assert result.returncode != 0
+    image = _image(spot)
+    run = _expected_run(image, group, trainer)
+    run[run.index("SPEC_DIR:SPEC_DIR:ro")] = f"{boot.spec_dir}:{boot.spec_dir}:ro"
+    assert boot.calls() == [
+        ("systemctl", ["enable", "--now", "docker"]),
+        ("dnf", DNF_HELPER),
+        ("docker", ["pull", image]),
+        ("sleep", ["20"]),
+        ("docker", ["pull", image]),
+        ("curl", ["-sf", "-X", "PUT", "http://169.254.169.254/latest/api/token",
+                  "-H", "X-aws-ec2-metadata-token-ttl-seconds: 60"]),
+        ("curl", ["-sf", "-H", "X-aws-ec2-metadata-token: TOKEN",
+                  "http://169.254.169.254/latest/meta-data/instance-id"]),
+        ("docker", run),
+        ("shutdown", ["-h", "now"]),
+    ]  # fmt: skip
+    assert "the boot failed (exit 1)" in result.stderr
+
+
+def test_a_boot_that_succeeds_does_not_shut_down(spot: BuiltApp, tmp_path: Path) -> None:
+    boot = Boot(tmp_path, _script(spot, "dataprep"))
+    assert boot.run().returncode == 0
+    assert "shutdown" not in [name for name, _ in boot.calls()]
 
 
 def test_user_data_decodes_in_the_launch_template(spot: BuiltApp) -> None:
