@@ -541,3 +541,33 @@ def test_a_full_recipe_parses_into_its_fields() -> None:
     assert (job.mixup.cutmix_alpha, job.mixup.prob, job.ema.decay) == (1.0, 0.5, 0.999)
     assert (job.eval.every_steps, job.eval.crop_pct, job.accuracy_targets) == (50, 0.9, (0.5, 0.9))
     assert job.dataset.val_path == "/d/val" and job.model.init == "s3://b/model.safetensors"
+
+
+def test_budget_caps_parse_and_default_to_none() -> None:
+    job = dict(GOOD["job"])
+    assert parse_spec(GOOD).job.max_hours is None and parse_spec(GOOD).job.max_usd is None
+    spec = parse_spec(spec_with(job={**job, "max_hours": 12, "max_usd": 40.5}))
+    assert (spec.job.max_hours, spec.job.max_usd) == (12.0, 40.5)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (
+            "max_usd",
+            0,
+            "job.max_usd: must be a positive number of USD, got 0.0; remove it for no cap",
+        ),
+        ("max_usd", -3.5, "job.max_usd: must be a positive number of USD, got -3.5"),
+        ("max_hours", float("inf"), "job.max_hours: must be a positive number of hours, got inf"),
+        ("max_hours", float("nan"), "job.max_hours: must be a positive number of hours, got nan"),
+        ("max_usd", "10", "job.max_usd: expected float, got str '10'"),
+        ("max_hours", True, "job.max_hours: expected float, got bool True"),
+    ],
+)
+def test_budget_caps_refuse_bad_values(key: str, value: Any, message: str) -> None:
+    found = problems(spec_with(job={**dict(GOOD["job"]), key: value}))
+    assert [p for p in found if p.startswith(f"job.{key}")] == [
+        p for p in found if p.startswith(message)
+    ]
+    assert any(p.startswith(message) for p in found)

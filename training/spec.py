@@ -8,6 +8,7 @@ bad spec fails before anything is deployed or launched.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -449,6 +450,12 @@ class JobSpec:
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     prices: PricesSpec = field(default_factory=PricesSpec)
     dataplane: DataPlaneSpec = field(default_factory=DataPlaneSpec)
+    max_hours: float | None = None
+    """Budget: stop the job (checkpoint, outcome ``stopped``, every group at 0) once this many
+    hours have passed since it started (``training.launcher.budget``). None: no cap."""
+    max_usd: float | None = None
+    """Budget: stop the job likewise once the cluster's price (``ClusterSpec.usd_per_hour``)
+    times the hours since it started reaches this many USD. None: no cap."""
 
     @property
     def total_steps(self) -> int | None:
@@ -1033,7 +1040,20 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
         parallelism=parallelism,
         prices=prices,
         dataplane=dataplane,
+        max_hours=_cap(r, t, "max_hours", "hours"),
+        max_usd=_cap(r, t, "max_usd", "USD"),
     )
+
+
+def _cap(r: _Reader, t: Mapping[str, Any], key: str, unit: str) -> float | None:
+    """A budget cap: a positive, finite number, or None when left out."""
+    value = r.get(t, key, float, None)
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        r.problem(key, f"must be a positive number of {unit}, got {value!r}; remove it for no cap")
+        return None
+    return value
 
 
 def parse_spec(data: Mapping[str, Any], source: str = "cluster spec") -> ClusterSpec:

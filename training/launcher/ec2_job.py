@@ -54,6 +54,7 @@ from typing import Any
 import psutil
 
 from training.launcher import job_end, roles
+from training.launcher.budget import ENV_MAX_SECONDS, Budget, job_started, parse_started
 from training.launcher.group import GroupIdentity
 from training.launcher.imds import ImdsClient
 from training.launcher.jobparam import JobPointer, JobWatch
@@ -181,6 +182,9 @@ class Ec2Job:
         self.generation = 0
         self.ended_job = False
         """True once this host ended the job (outcome recorded, every group scaled to zero)."""
+        self.budget = Budget.of(spec)
+        self._started: float | None = None
+        """The job's start (epoch seconds) for its budget, once known."""
 
     # -- outside events ----------------------------------------------------------------------
 
@@ -331,16 +335,16 @@ class Ec2Job:
             ended = self._job_over()
             if ended is not None:
                 log.info("the job is over (%s: %s)", ended.get("outcome"), ended.get("reason"))
-                finished = ended.get("outcome") == Outcome.FINISHED.value
+                try:
+                    over = Outcome(str(ended.get("outcome")))
+                except ValueError:
+                    over = Outcome.FAILED
                 # This instance may have started after the end (a deploy that set the groups to
                 # their counts again without a new job): end it again so nothing keeps billing.
                 # Harmless when the job just ended: the first outcome stays, and scaling to
                 # zero twice changes nothing.
-                self._end(
-                    Outcome.FINISHED if finished else Outcome.FAILED,
-                    f"the job was already over ({ended.get('reason')})",
-                )
-                return EXIT_FINISHED if finished else EXIT_FAILED
+                self._end(over, f"the job was already over ({ended.get('reason')})")
+                return over.exit_code
             if self.signals.leaving:
                 return self._leave()
             membership: Membership | None = None
@@ -354,9 +358,11 @@ class Ec2Job:
                     continue
                 if membership is None:  # Stopped, the job ended or a new one began while waiting.
                     continue
+            trainer = self.group.role is Role.TRAINER
+            if trainer and self._budget_spent():
+                return self._end_for_budget()
             self.generation += 1
             result = self._run_generation(membership)
-            trainer = self.group.role is Role.TRAINER
             if self.signals.leaving:
                 if (
                     result.outcome is Outcome.FINISHED
@@ -371,6 +377,8 @@ class Ec2Job:
                 # A data server ends after the trainer's Shutdown RPC; the trainers end the job.
                 return EXIT_FINISHED
             if result.outcome is Outcome.STOPPED:
+                if trainer and self._budget_spent():  # the trainer's --max-seconds: the budget
+                    return self._end_for_budget()
                 log.info("generation %d stopped (a peer is leaving): re-forming", self.generation)
                 continue
             if membership is not None and self._membership_changed(membership):
@@ -464,11 +472,12 @@ class Ec2Job:
             with self.signals.lock:
                 self.signals.supervisor = sup
             try:
+                budget_env = self._budget_env() if plan.role is Role.TRAINER else {}
                 for name, cmd in plan.commands:
                     sup.start(
                         name,
                         cmd.argv,
-                        env={**self.environ, **cmd.env},
+                        env={**self.environ, **cmd.env, **budget_env},
                         stop_workers=plan.role is Role.TRAINER,
                     )
                 if self.signals.leaving:  # A notice between the check and the start.
@@ -502,6 +511,51 @@ class Ec2Job:
         """While the role runs: this host's state and the trainer's last metrics line."""
         while not done.wait(self.settings.heartbeat_s):
             self._set_host(state="running", members=members, metrics=_last_metrics(self.run_dir))
+
+    # -- budget ------------------------------------------------------------------------------
+
+    def _budget_elapsed(self) -> float | None:
+        """Seconds since the job started (``budget.job_started``); None without a cap, or when
+        the start cannot be known (no job record and no pointer time: logged, no cap applies)."""
+        if not self.budget.capped:
+            return None
+        if self._started is None:
+            pointer_started = self.job_watch.pointer.started if self.job_watch else None
+            try:
+                if self.record is None:
+                    self._started = parse_started(pointer_started)
+                else:
+                    self._started = job_started(self.record, pointer_started)
+            except Exception as e:  # S3 unreachable: try again at the next generation.
+                log.warning("could not read the job's start for its budget: %s", e)
+                return None
+            if self._started is None:
+                log.warning("the job's start is unknown (no job record): its budget is not kept")
+                return None
+        return time.time() - self._started
+
+    def _budget_spent(self) -> bool:
+        elapsed = self._budget_elapsed()
+        return elapsed is not None and self.budget.reached(elapsed)
+
+    def _budget_env(self) -> dict[str, str]:
+        """What the trainer may run before the budget is spent (its ``--max-seconds``)."""
+        elapsed = self._budget_elapsed()
+        remaining = None if elapsed is None else self.budget.remaining_s(elapsed)
+        if remaining is None:
+            return {}
+        log.info("budget: %s; the trainer may run %.0f s", self.budget.describe(elapsed), remaining)
+        return {ENV_MAX_SECONDS: f"{max(remaining, 1.0):.3f}"}
+
+    def _end_for_budget(self) -> int:
+        """The budget is spent (the trainer checkpointed when it stopped): end the job as
+        ``stopped`` with the reason, every group to 0; ``hetero job start --resume`` goes on."""
+        elapsed = self._budget_elapsed() or 0.0
+        reason = self.budget.reason(elapsed)
+        log.warning("%s: ending the job", reason)
+        if not self._end(Outcome.STOPPED, reason):
+            return self._next_job()
+        return EXIT_STOPPED
 
     # -- endings -----------------------------------------------------------------------------
 

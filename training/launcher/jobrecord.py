@@ -2,9 +2,12 @@
 
 Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
 
-- ``outcome.json``: ``{"outcome": "finished" | "failed", "reason", "by", "time"}``, written once
-  by the host that ends the job. Its presence means the job is over: a host that starts or
-  restarts afterwards does not run the role again.
+- ``outcome.json``: ``{"outcome": "finished" | "failed" | "stopped", "reason", "by", "time"}``,
+  written once by the host that ends the job (``stopped``: the budget ran out, see
+  ``budget.py``; ``hetero job start --resume`` continues it). Its presence means the job is
+  over: a host that starts or restarts afterwards does not run the role again.
+- ``started.json``: ``{"started": <epoch seconds>}``, the job's start for its budget when the job
+  pointer has none (a deploy's job), written by the first host that needs it.
 - ``leaving/<instance-id>.json``: a host that got an interruption notice or an Auto Scaling
   termination says so here first, so the others re-form the job without it while it is still
   running (EC2 keeps it ``running`` until the termination).
@@ -161,10 +164,8 @@ class JobRecord:
         return self._get_json("outcome.json")
 
     def end(self, outcome: Outcome, *, reason: str, by: str) -> dict[str, Any]:
-        """Record the job's end (``finished`` or ``failed``); a job already ended keeps its
-        first outcome, which is returned."""
-        if outcome is Outcome.STOPPED:
-            raise ValueError("a job ends finished or failed; 'stopped' is a host's outcome")
+        """Record the job's end (``finished``, ``failed``, or ``stopped`` by its budget); a job
+        already ended keeps its first outcome, which is returned."""
         current = self.outcome()
         if current is not None:
             return current
@@ -172,6 +173,24 @@ class JobRecord:
         self._put_json("outcome.json", value)
         log.info("job record: outcome %s (%s)", outcome.value, reason)
         return value
+
+    def started(self, now: float) -> float:
+        """The job's start for its budget: ``started.json``'s, else ``now``, written there.
+        Hosts that start together may both write; their times differ by seconds and the last
+        write stays for everyone after."""
+        current = self.started_at()
+        if current is not None:
+            return current
+        self._put_json("started.json", {"started": now})
+        return now
+
+    def started_at(self) -> float | None:
+        """``started.json``'s time, or None when no host has written it (read only)."""
+        current = self._get_json("started.json")
+        value = current.get("started") if current else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        return None
 
     # -- hosts -------------------------------------------------------------------------------
 

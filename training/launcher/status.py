@@ -16,10 +16,12 @@ import json
 import logging
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from training import aws_tags
+from training.launcher.budget import Budget, parse_started
 from training.launcher.jobparam import JobParameterNotFound, read_job_pointer
 from training.launcher.jobrecord import JobRecord
 from training.launcher.peers import list_cluster_instances
@@ -42,6 +44,8 @@ class JobStatus:
     newest_checkpoint: str | None = None
     model: str | None = None
     """The finished job's ``model/`` (``model.safetensors`` + ``config.json``), once written."""
+    budget: str | None = None
+    """Spend so far against ``job.max_usd`` / ``job.max_hours`` (``budget.Budget.describe``)."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -114,6 +118,7 @@ def collect(
             record = JobRecord(checkpoint_uri, s3_client=s3)
             status.outcome = record.outcome()
             status.hosts = record.hosts()
+            status.budget = budget_line(spec, status, record)
         except Exception as e:
             status.errors.append(f"job record in {checkpoint_uri}: {e}")
         if checkpoint_uri.startswith("s3://"):
@@ -127,6 +132,22 @@ def collect(
             except Exception as e:
                 status.errors.append(f"checkpoints in {checkpoint_uri}: {e}")
     return status
+
+
+def budget_line(
+    spec: ClusterSpec, status: JobStatus, record: JobRecord, now: float | None = None
+) -> str:
+    """Spend from the job's start (the pointer's ``started``, else the record's) to its end
+    (the outcome's time) or ``now``, against the spec's caps."""
+    budget = Budget.of(spec)
+    started = parse_started((status.job or {}).get("started"))
+    if started is None:
+        started = record.started_at()
+    if started is None:
+        return budget.describe(None)
+    end = (status.outcome or {}).get("time")
+    until = float(end) if isinstance(end, int | float) else (time.time() if now is None else now)
+    return budget.describe(until - started)
 
 
 def _model_folder(s3: Any, checkpoint_uri: str) -> str | None:
@@ -159,6 +180,8 @@ def render(status: JobStatus) -> None:
             f"checkpoints {job.get('checkpoint_uri')}, started {job.get('started') or '-'}"
             + (f", resumed from job {job['resumed_from']}" if job.get("resumed_from") else "")
         )
+    if status.budget:
+        console.print(f"spend {status.budget}", markup=False)
     groups = Table("group", "Auto Scaling group", "desired", "min", "max", "in service")
     for g in status.groups:
         groups.add_row(

@@ -54,7 +54,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="stop after N optimizer steps (overrides job.steps/epochs; the learning-rate "
         "schedule keeps the spec's length)",
     )
-    p.add_argument("--max-seconds", type=float, help="stop with a checkpoint after S seconds")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        # The launcher passes what is left of the job's budget (training.launcher.budget).
+        default=float(os.environ["HETERO_MAX_SECONDS"])
+        if os.environ.get("HETERO_MAX_SECONDS")
+        else None,
+        help="stop with a checkpoint after S seconds (default: $HETERO_MAX_SECONDS)",
+    )
     p.add_argument(
         "--checkpoint-dir",
         help="overrides job.checkpoint.dir (with --checkpoint-s3-uri: this host's staging folder)",

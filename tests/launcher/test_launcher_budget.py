@@ -1,0 +1,299 @@
+"""The job's budget (``job.max_hours`` / ``job.max_usd``): the accounting, the clock in the job
+record, and the EC2 loop ending the job ``stopped`` with every group at 0 when the trainer stops
+for it (moto for EC2, Auto Scaling and S3; a stand-in trainer that honours --max-seconds)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from training.launcher.budget import ENV_MAX_SECONDS, Budget, job_started, parse_started
+from training.launcher.ec2_job import Ec2Job, LoopSettings
+from training.launcher.group import GroupIdentity, GroupSource
+from training.launcher.jobrecord import JobRecord
+from training.launcher.jobstart import start_job
+from training.launcher.launch import Backend, LaunchPlan
+from training.launcher.peers import Peers
+from training.launcher.roles import RoleCommand
+from training.launcher.status import JobStatus, budget_line
+from training.outcome import EXIT_FINISHED, EXIT_STOPPED, Outcome
+from training.spec import ClusterSpec, Role, load_spec
+
+from .conftest import FakeImds
+from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (fixture)
+
+# 3.60 USD/h for the whole cluster: 0.001 USD a second.
+PRICED = """
+[job.prices]
+usd_per_hour = { "g5.xlarge" = 3.6, "c6i.4xlarge" = 0.0 }
+"""
+
+
+# -- accounting -------------------------------------------------------------------------------
+
+
+def test_usd_cap_is_price_times_hours() -> None:
+    b = Budget(max_hours=None, max_usd=0.5, usd_per_hour=2.0)
+    assert b.limit_s() == pytest.approx(900.0)  # 0.5 USD at 2 USD/h: a quarter of an hour
+    assert b.spent_usd(450.0) == pytest.approx(0.25)
+    assert b.remaining_s(450.0) == pytest.approx(450.0)
+    assert not b.reached(899.0) and b.reached(900.0)
+    assert b.remaining_s(1000.0) == 0.0  # never negative
+
+
+def test_the_first_cap_reached_wins() -> None:
+    b = Budget(max_hours=0.1, max_usd=10.0, usd_per_hour=2.0)  # 360 s against 5 h
+    assert b.limit_s() == pytest.approx(360.0)
+    assert b.reason(360.0) == (
+        "budget: max_hours 0.1 reached (0.2000 USD over 0.1000 h at 2.00 USD/h); "
+        "continue with hetero job start --resume"
+    )
+    b = Budget(max_hours=1.0, max_usd=0.5, usd_per_hour=2.0)
+    assert b.reason(900.0).startswith("budget: max_usd 0.5 reached (0.5000 USD over 0.2500 h")
+
+
+def test_no_cap_and_a_free_cluster_never_stop() -> None:
+    assert Budget(None, None, 5.0).remaining_s(1e9) is None
+    assert not Budget(None, None, 5.0).capped
+    assert Budget(None, 1.0, 0.0).limit_s() is None  # priced at 0: a USD cap is never reached
+    assert Budget(None, None, 5.0).describe(3600.0) == (
+        "5.00 USD over 1.00 h at 5.00 USD/h; no cap (job.max_usd, job.max_hours)"
+    )
+    assert Budget(2.0, 9.5, 5.0).describe(1800.0) == (
+        "2.50 USD over 0.50 h at 5.00 USD/h; max_usd 9.5, max_hours 2"
+    )
+
+
+def test_budget_of_a_spec_uses_its_prices(tmp_path: Path) -> None:
+    spec_path = tmp_path / "s.toml"
+    spec_path.write_text(SPEC_WITH_CAP.replace("{cap}", "max_usd = 0.002"))
+    b = Budget.of(load_spec(spec_path))
+    assert (b.max_usd, b.max_hours, b.usd_per_hour) == (0.002, None, pytest.approx(3.6))
+    assert b.limit_s() == pytest.approx(2.0)
+
+
+def test_the_clock_is_the_pointer_start_else_the_record_first_write(tmp_path: Path) -> None:
+    assert parse_started("2026-11-22T10:00:00Z") == pytest.approx(1795341600.0)
+    assert parse_started(12.5) == 12.5 and parse_started(None) is None
+    assert parse_started("yesterday") is None
+    record = JobRecord(str(tmp_path / "ckpt"))
+    assert record.started_at() is None
+    assert job_started(record, None, now=100.0) == 100.0  # the first host writes it
+    assert job_started(record, None, now=250.0) == 100.0  # a later host (a replacement) reads it
+    assert record.started_at() == 100.0
+    assert job_started(record, "2026-11-22T10:00:00Z", now=250.0) == pytest.approx(1795341600.0)
+
+
+def test_a_job_record_may_end_stopped_and_keeps_its_first_outcome(tmp_path: Path) -> None:
+    record = JobRecord(str(tmp_path / "ckpt"))
+    first = record.end(Outcome.STOPPED, reason="budget: max_usd 1 reached", by="i-1")
+    assert first["outcome"] == "stopped"
+    assert record.end(Outcome.FINISHED, reason="later", by="i-2")["outcome"] == "stopped"
+
+
+def test_status_shows_spend_against_the_cap_until_the_end(tmp_path: Path) -> None:
+    spec_path = tmp_path / "s.toml"
+    spec_path.write_text(SPEC_WITH_CAP.replace("{cap}", "max_usd = 10\nmax_hours = 4"))
+    spec = load_spec(spec_path)
+    record = JobRecord(str(tmp_path / "ckpt"))
+    record.started(1000.0)
+    running = JobStatus(cluster="one")
+    assert budget_line(spec, running, record, now=1000.0 + 1800) == (
+        "1.80 USD over 0.50 h at 3.60 USD/h; max_usd 10, max_hours 4"
+    )
+    ended = JobStatus(cluster="one", outcome={"outcome": "stopped", "time": 1000.0 + 3600})
+    assert budget_line(spec, ended, record, now=1e9).startswith("3.60 USD over 1.00 h")
+    no_start = JobRecord(str(tmp_path / "other"))
+    assert budget_line(spec, running, no_start) == "not started; max_usd 10, max_hours 4"
+
+
+# -- the EC2 loop -----------------------------------------------------------------------------
+
+SPEC_WITH_CAP = (
+    """
+name = "one"
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 1
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 1
+[job]
+steps = 10
+{cap}
+"""
+    + PRICED
+)
+
+# A trainer that honours --max-seconds as the real one does (HETERO_MAX_SECONDS is its
+# default): it runs until then and stops "max-seconds" after a checkpoint, or finishes.
+STANDIN = r"""
+import json, os, pathlib, sys, time
+outcome_dir, log = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+limit = os.environ.get("HETERO_MAX_SECONDS")
+with log.open("a") as f:
+    f.write((limit or "none") + "\n")
+def outcome(kind, reason):
+    outcome_dir.mkdir(parents=True, exist_ok=True)
+    body = {"rank": 0, "outcome": kind, "step": 3, "checkpoint_step": 3, "reason": reason}
+    (outcome_dir / "rank-0.json").write_text(json.dumps(body))
+if limit is not None and float(limit) < 5:
+    time.sleep(float(limit))
+    outcome("stopped", "max-seconds"); sys.exit(75)
+outcome("finished", "steps"); sys.exit(0)
+"""
+
+
+def budget_job(
+    cluster: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    imds: FakeImds,
+    cap: str,
+) -> tuple[Ec2Job, Path]:
+    spec_path = tmp_path / "capped.toml"
+    spec_path.write_text(SPEC_WITH_CAP.replace("{cap}", cap))
+    spec = load_spec(spec_path)
+    played = tmp_path / "played"
+    identity = GroupIdentity(
+        "trainer", GroupSource.EC2, host=cluster["ip"], instance_id=cluster["instance_id"],
+        region=REGION, cluster="one",
+    )  # fmt: skip
+
+    def plan_for(found: Peers, port: int, outcome_dir: str) -> LaunchPlan:
+        argv = (sys.executable, "-c", STANDIN, outcome_dir, str(played))
+        return LaunchPlan(
+            backend=Backend.EC2, identity=identity, role=Role.TRAINER, peers=found,
+            commands=(("trainer", RoleCommand(argv, {})),),
+        )  # fmt: skip
+
+    settings = LoopSettings(
+        restart_budget=0, restart_backoff_s=0.05, peer_timeout_s=10, poll_s=0.1,
+        spot_poll_s=0.1, grace_s=10, imds_url=imds.url, imds_timeout_s=1.0, subreaper=False,
+    )  # fmt: skip
+    job = Ec2Job(
+        spec, identity=identity, settings=settings, plan_for=plan_for, environ={},
+        run_dir=tmp_path / "run", ec2=cluster["ec2"], autoscaling=cluster["asg"],
+        record=JobRecord(URI), asg_names=cluster["names"],
+    )  # fmt: skip
+    return job, played
+
+
+def test_reaching_max_usd_ends_the_job_stopped_with_every_group_at_zero(
+    cluster: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    fake_imds: FakeImds,
+) -> None:
+    # 0.002 USD at 3.6 USD/h: 2 s from the job's start.
+    job, played = budget_job(cluster, tmp_path, fake_imds, "max_usd = 0.002")
+    started = time.time()
+    assert job.run() == EXIT_STOPPED
+    limits = played.read_text().split()
+    assert len(limits) == 1 and 1.0 <= float(limits[0]) <= 2.0  # what was left of 2 s
+    outcome = JobRecord(URI).outcome()
+    assert outcome is not None and outcome["outcome"] == "stopped"
+    assert outcome["reason"].startswith("budget: max_usd 0.002 reached (")
+    assert outcome["reason"].endswith("continue with hetero job start --resume")
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+    record_start = JobRecord(URI).started_at()
+    assert record_start is not None and abs(record_start - started) < 5
+
+
+def test_a_job_whose_budget_is_spent_before_a_generation_runs_nothing(
+    cluster: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    fake_imds: FakeImds,
+) -> None:
+    """A replacement host that starts after the budget ran out (the clock is the job's, not the
+    host's) ends the job without starting the trainer."""
+    JobRecord(URI).started(time.time() - 3600)  # an hour ago
+    job, played = budget_job(cluster, tmp_path, fake_imds, "max_hours = 0.5")
+    assert job.run() == EXIT_STOPPED
+    assert not played.exists()
+    outcome = JobRecord(URI).outcome()
+    assert outcome is not None and outcome["reason"].startswith("budget: max_hours 0.5 reached")
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+
+
+def test_a_host_that_finds_the_job_stopped_exits_stopped(
+    cluster: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    fake_imds: FakeImds,
+) -> None:
+    JobRecord(URI).end(Outcome.STOPPED, reason="budget: max_usd 1 reached", by="i-0")
+    job, played = budget_job(cluster, tmp_path, fake_imds, "max_usd = 1")
+    assert job.run() == EXIT_STOPPED
+    assert not played.exists()
+    assert JobRecord(URI).outcome()["reason"] == "budget: max_usd 1 reached"  # type: ignore[index]
+
+
+def test_without_a_cap_the_trainer_gets_no_limit(
+    cluster: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    fake_imds: FakeImds,
+) -> None:
+    job, played = budget_job(cluster, tmp_path, fake_imds, "")
+    assert job.run() == EXIT_FINISHED
+    assert played.read_text().split() == ["none"]
+    assert JobRecord(URI).started_at() is None  # no clock kept without a cap
+    assert ENV_MAX_SECONDS == "HETERO_MAX_SECONDS"
+
+
+# -- hetero job start --resume after a budget stop (moto: SSM, S3, Auto Scaling) ---------------
+
+
+def test_resume_after_a_budget_stop_gives_the_new_job_its_own_clock(
+    monkeypatch: pytest.MonkeyPatch, spec: ClusterSpec
+) -> None:
+    from .test_launcher_jobstart import NAME, NOW, OLD, keys, sizes
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        ssm = boto3.client("ssm", region_name=REGION)
+        s3 = boto3.client("s3", region_name=REGION)
+        asg = boto3.client("autoscaling", region_name=REGION)
+        ec2 = boto3.client("ec2", region_name=REGION)
+        ssm.put_parameter(Name=NAME, Value=OLD.to_json(), Type="String")
+        s3.create_bucket(Bucket="ckpt")
+        old = JobRecord(OLD.checkpoint_uri, s3_client=s3)
+        old.started(1000.0)
+        old.end(Outcome.STOPPED, reason="budget: max_usd 1 reached", by="i-1")
+        for key in ("step-4/a.distcp", "step-4/COMPLETE"):
+            s3.put_object(Bucket="ckpt", Key=f"checkpoints/d-0123456789ab/{key}", Body=b"x")
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+        ec2.create_launch_template(
+            LaunchTemplateName="vit-test",
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
+        )
+        for group in ("trainer", "dataprep"):
+            asg.create_auto_scaling_group(
+                AutoScalingGroupName=f"vit-test-{group}",
+                LaunchTemplate={"LaunchTemplateName": "vit-test"},
+                MinSize=0, MaxSize=2, DesiredCapacity=0, VPCZoneIdentifier=subnet,
+            )  # fmt: skip
+
+        started = start_job(spec, ssm=ssm, autoscaling=asg, s3=s3, now=NOW, token="ab12")
+
+        # Same checkpoints, a new job with its own start; the stopped outcome and the old clock
+        # went to the history, so no host of the new job finds the job over or its budget spent.
+        assert started.pointer.checkpoint_uri == OLD.checkpoint_uri
+        assert started.pointer.resumed_from == OLD.job_id
+        history = "checkpoints/d-0123456789ab/job-history/d-0123456789ab/"
+        found = keys(s3)
+        assert {history + "outcome.json", history + "started.json"} <= set(found)
+        assert not [k for k in found if k.startswith("checkpoints/d-0123456789ab/job/")]
+        new = JobRecord(started.pointer.checkpoint_uri, s3_client=s3)
+        assert new.outcome() is None and new.started_at() is None
+        assert job_started(new, started.pointer.started) == NOW.timestamp()
+        assert new.started_at() is None  # the pointer's time is the clock: nothing written
+        assert sizes(asg) == {"vit-test-trainer": (0, 2, 2), "vit-test-dataprep": (0, 2, 2)}

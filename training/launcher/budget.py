@@ -1,0 +1,121 @@
+"""A job's budget: ``job.max_hours`` and ``job.max_usd`` against the time since the job started.
+
+The clock lives where every host sees it, so a job whose hosts come and go (Spot replacements,
+restarts) counts its whole time: the job pointer's ``started`` (``hetero job start`` writes it),
+else ``started.json`` in the job record, written once by the first host of the job
+(``JobRecord.started``). Spend is the spec's price of the whole cluster
+(``ClusterSpec.usd_per_hour``: every group at its count, the first listed type, Spot at the
+recorded price where the spec has one) times the hours since that start: what the job costs
+while every group runs, which is an upper bound for the time the groups were short of their
+counts.
+
+Each job has its own budget: ``hetero job start --resume`` starts a new job (its own id, its
+own start time, the old record moved to ``job-history/``) that resumes the checkpoints with
+``max_hours`` and ``max_usd`` to spend again.
+
+The launcher passes what is left to the trainer (``HETERO_MAX_SECONDS``, the trainer's
+``--max-seconds``), which stops with a durable checkpoint when it runs out; the launcher then
+ends the job with the outcome ``stopped`` and a ``budget: ...`` reason, and every group goes
+to 0 (``ec2_job.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from training.spec import ClusterSpec
+
+ENV_MAX_SECONDS = "HETERO_MAX_SECONDS"
+"""Seconds the trainer may run before it stops with a checkpoint (its ``--max-seconds``)."""
+REASON_PREFIX = "budget: "
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_hours: float | None
+    max_usd: float | None
+    usd_per_hour: float
+
+    @classmethod
+    def of(cls, spec: ClusterSpec) -> Budget:
+        return cls(spec.job.max_hours, spec.job.max_usd, spec.usd_per_hour())
+
+    @property
+    def capped(self) -> bool:
+        return self.max_hours is not None or self.max_usd is not None
+
+    def limit_s(self) -> float | None:
+        """Seconds from the job's start to the first cap reached; None without a cap."""
+        limits = []
+        if self.max_hours is not None:
+            limits.append(self.max_hours * 3600.0)
+        # A cluster priced at 0 never reaches a USD cap.
+        if self.max_usd is not None and self.usd_per_hour > 0:
+            limits.append(self.max_usd / self.usd_per_hour * 3600.0)
+        return min(limits) if limits else None
+
+    def spent_usd(self, elapsed_s: float) -> float:
+        return self.usd_per_hour * max(0.0, elapsed_s) / 3600.0
+
+    def remaining_s(self, elapsed_s: float) -> float | None:
+        """Seconds left (never negative); None without a cap."""
+        limit = self.limit_s()
+        return None if limit is None else max(0.0, limit - elapsed_s)
+
+    def reached(self, elapsed_s: float) -> bool:
+        remaining = self.remaining_s(elapsed_s)
+        return remaining is not None and remaining <= 0
+
+    def reason(self, elapsed_s: float) -> str:
+        """``budget: ...``: which cap, what was spent, over how long."""
+        hours = max(0.0, elapsed_s) / 3600.0
+        spent = self.spent_usd(elapsed_s)
+        caps = []
+        if self.max_usd is not None and self.usd_per_hour > 0 and spent >= self.max_usd - 1e-9:
+            caps.append(f"max_usd {self.max_usd:g} reached")
+        if self.max_hours is not None and hours >= self.max_hours - 1e-9:
+            caps.append(f"max_hours {self.max_hours:g} reached")
+        what = ", ".join(caps) or "cap reached"
+        return (
+            f"{REASON_PREFIX}{what} ({spent:.4f} USD over {hours:.4f} h at "
+            f"{self.usd_per_hour:.2f} USD/h); continue with hetero job start --resume"
+        )
+
+    def describe(self, elapsed_s: float | None) -> str:
+        """One line for ``hetero status``: spend so far against the caps."""
+        caps = []
+        if self.max_usd is not None:
+            caps.append(f"max_usd {self.max_usd:g}")
+        if self.max_hours is not None:
+            caps.append(f"max_hours {self.max_hours:g}")
+        cap = ", ".join(caps) if caps else "no cap (job.max_usd, job.max_hours)"
+        if elapsed_s is None:
+            return f"not started; {cap}"
+        return (
+            f"{self.spent_usd(elapsed_s):.2f} USD over {elapsed_s / 3600.0:.2f} h at "
+            f"{self.usd_per_hour:.2f} USD/h; {cap}"
+        )
+
+
+def parse_started(value: Any) -> float | None:
+    """An epoch time from ``started``: ISO 8601 (the job pointer) or a number (the record)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.strip():
+        try:
+            return datetime.fromisoformat(value.strip().replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def job_started(record: Any, pointer_started: str | None, *, now: float | None = None) -> float:
+    """When the job started: the pointer's ``started`` when it has one, else the record's
+    (written now by this host when the record has none yet)."""
+    from_pointer = parse_started(pointer_started)
+    if from_pointer is not None:
+        return from_pointer
+    return float(record.started(time.time() if now is None else now))
