@@ -209,6 +209,23 @@ class JobRecord:
                 out.add(name[: -len(".json")])
         return out
 
+    def mark_replaced(self, instance_id: str, *, group: str | None, reason: str) -> None:
+        """This instance could not start the launcher's job loop and leaves its group
+        (``early_exit``); one object per instance, so a restarted launcher counts once."""
+        self._put_json(
+            f"replaced/{instance_id}.json",
+            {"instance_id": instance_id, "group": group, "reason": reason},
+        )
+
+    def replaced(self) -> dict[str, dict[str, Any]]:
+        """The instances taken out of service so far, by id (the job's replacement count)."""
+        out: dict[str, dict[str, Any]] = {}
+        for key in self._store.list(PREFIX + "replaced/"):
+            name = key[len(PREFIX) :]
+            if name.endswith(".json"):
+                out[name[len("replaced/") : -len(".json")]] = self._get_json(name) or {}
+        return out
+
     def set_host(self, instance_id: str, **state: Any) -> None:
         """This host's latest state (group, address, generation, step, outcome...)."""
         self._put_json(f"hosts/{instance_id}.json", {"instance_id": instance_id, **state})

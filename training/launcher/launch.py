@@ -25,7 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from training.aws_tags import ENV_JOB_PARAMETER
-from training.launcher import ec2_job, efa, job_end, jobparam, peers, roles
+from training.launcher import early_exit, ec2_job, efa, job_end, jobparam, peers, roles
 from training.launcher.group import (
     SAGEMAKER_RESOURCECONFIG,
     GroupDetectionError,
@@ -47,9 +47,12 @@ from training.launcher.names import (
     CLUSTER_TAG,
     ENV_CHECKPOINT_URI,
     ENV_CLUSTER,
+    ENV_GROUP,
+    ENV_LIFECYCLE_HOOK,
     ENV_REGION,
     ENV_SPEC,
 )
+from training.launcher.spot import TARGET_LIFECYCLE_PATH
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
 from training.outcome import EXIT_STOPPED, Outcome, clear_outcomes, read_host_outcome
 from training.spec import ClusterSpec, Role, load_spec
@@ -149,6 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="EC2: failed runs of the role this host retries before it ends the job as failed",
+    )
+    parser.add_argument(
+        "--replacement-budget",
+        type=int,
+        default=early_exit.REPLACEMENT_BUDGET,
+        help="EC2: instances per job taken out of service because the launcher could not start "
+        "its job loop; one more ends the job as failed",
     )
     parser.add_argument(
         "--restart-backoff",
@@ -318,11 +328,15 @@ def run(args: argparse.Namespace) -> int:
         )
     except GroupDetectionError as e:
         log.error("%s", e)
-        return EXIT_CONFIG
+        return _cannot_start(f"no instance group: {e}", EXIT_CONFIG, spec, args, imds, None)
     backend = choose_backend(args.backend, identity, resourceconfig, imds)
     efa_env = _trainer_efa_env(spec, identity, backend)
     if efa_env is None:
-        return EXIT_CONFIG
+        if backend is not Backend.EC2:
+            return EXIT_CONFIG
+        return _cannot_start(
+            'efa = "on" and this host cannot give NCCL EFA', EXIT_CONFIG, spec, args, imds, identity
+        )
     if backend is Backend.EC2:
         return _run_ec2(spec, args, identity, imds, efa_env)
     network_interface: str | None = None
@@ -405,6 +419,51 @@ def _trainer_efa_env(
         return None
 
 
+def _cannot_start(
+    why: str,
+    code: int,
+    spec: ClusterSpec,
+    args: argparse.Namespace,
+    imds: ImdsClient,
+    identity: GroupIdentity | None,
+) -> int:
+    """The launcher cannot start its job loop. Deployed by the stack on EC2
+    (``HETERO_ASG_NAMES``), the instance leaves service (``early_exit.leave_service``: replaced
+    within the job's budget, else the job ends failed); anywhere else, exit with ``code``."""
+    if args.dry_run or not early_exit.deployed(os.environ):
+        return code
+    import boto3
+
+    def imds_get(path: str) -> str | None:
+        try:
+            return imds.get(path)
+        except ImdsError:
+            return None
+
+    instance_id = (identity.instance_id if identity else None) or imds_get(
+        "/latest/meta-data/instance-id"
+    )
+    region = (identity.region if identity else None) or os.environ.get(ENV_REGION) or None
+    # The job record as far as this host knows it: the job pointer's folder is not known when
+    # the pointer could not be read, so then it is the stack's HETERO_CHECKPOINT_URI.
+    location = ec2_job.record_location(os.environ, spec)
+    group = identity.group if identity else os.environ.get(ENV_GROUP) or args.group
+    hook = os.environ.get(ENV_LIFECYCLE_HOOK, "").strip() or None
+    return early_exit.leave_service(
+        why,
+        code,
+        instance_id=instance_id,
+        group=group,
+        record=JobRecord(location) if location else None,
+        autoscaling=boto3.client("autoscaling", region_name=region),
+        asg_names=job_end.asg_names_from_env(os.environ),
+        budget=args.replacement_budget,
+        hook=hook,
+        target_state=lambda: imds_get(TARGET_LIFECYCLE_PATH),
+        poll_s=args.spot_poll,
+    )
+
+
 def _replace_this_instance(why: str, region: str | None, instance_id: str, dry_run: bool) -> int:
     """Leave the Auto Scaling group without lowering its desired capacity, so that it launches
     a replacement from the current launch template, which holds the deployed spec."""
@@ -436,10 +495,10 @@ def _run_ec2(
         identity = _ec2_identity(identity, imds)
     except ImdsError as e:
         log.error("peer discovery failed (ec2 backend): %s", e)
-        return EXIT_PEERS
+        return _cannot_start(f"IMDS: {e}", EXIT_PEERS, spec, args, imds, identity)
     if not identity.instance_id:
         log.error("IMDS did not give this instance's id")
-        return EXIT_PEERS
+        return _cannot_start("IMDS gave no instance id", EXIT_PEERS, spec, args, imds, identity)
     region = _region(identity)
     environ = dict(os.environ)
     job_watch: jobparam.JobWatch | None = None
@@ -452,7 +511,7 @@ def _run_ec2(
             pointer = jobparam.read_job_pointer_patiently(ssm, parameter)
         except (jobparam.JobParameterNotFound, jobparam.JobPointerError) as e:
             log.error("%s", e)
-            return EXIT_CONFIG
+            return _cannot_start(f"job pointer: {e}", EXIT_CONFIG, spec, args, imds, identity)
         log.info("job %s, checkpoints %s", pointer.job_id, pointer.checkpoint_uri)
         stale = jobparam.stale_spec(pointer, Path(args.spec).read_text())
         if stale is not None:
