@@ -124,6 +124,11 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
     assert s.name == "crash" and s.faults[0].kind is FaultKind.CRASH
     assert s.expect.outcome == "failed" and not s.expect.expects_params_equal
 
+    budget = tmp_path / "budget.toml"
+    budget.write_text('[expect]\noutcome = "stopped"\n')
+    s = load_scenario(budget)
+    assert s.expect.outcome == "stopped" and not s.expect.expects_params_equal
+
 
 @pytest.mark.parametrize(
     ("body", "message"),
@@ -131,7 +136,7 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
         ('interrupt = ["trainer:0"]', "GROUP:INDEX@STEP"),
         ("interrupt = 3", "must be a string or a list"),
         ('explode = ["trainer:0@1"]', "unknown fault kind"),
-        ('[expect]\noutcome = "maybe"', "'finished' or 'failed'"),
+        ('[expect]\noutcome = "maybe"', "'finished', 'failed' or 'stopped'"),
         ("[expect]\nspeed = 1", "unknown expect key"),
         ("notice-seconds = -1", "notice-seconds"),
         ("[expect]\nsteps-lost-max = -1", "steps-lost-max"),

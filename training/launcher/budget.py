@@ -13,8 +13,9 @@ Each job has its own budget: ``hetero job start --resume`` starts a new job (its
 own start time, the old record moved to ``job-history/``) that resumes the checkpoints with
 ``max_hours`` and ``max_usd`` to spend again.
 
-The launcher passes what is left to the trainer (``HETERO_MAX_SECONDS``, the trainer's
-``--max-seconds``), which stops with a durable checkpoint when it runs out; the launcher then
+The launcher passes the time the budget runs out to the trainer (``HETERO_BUDGET_DEADLINE``,
+epoch seconds; the trainer's ``--max-seconds`` defaults to what is left of it when the trainer
+starts), which stops with a durable checkpoint when it runs out; the launcher then
 ends the job with the outcome ``stopped`` and a ``budget: ...`` reason, and every group goes
 to 0 (``ec2_job.py``).
 """
@@ -28,8 +29,9 @@ from typing import Any
 
 from training.spec import ClusterSpec
 
-ENV_MAX_SECONDS = "HETERO_MAX_SECONDS"
-"""Seconds the trainer may run before it stops with a checkpoint (its ``--max-seconds``)."""
+ENV_DEADLINE = "HETERO_BUDGET_DEADLINE"
+"""Epoch seconds at which the job's budget runs out: the trainer stops with a checkpoint then
+(its ``--max-seconds`` defaults to what is left of it)."""
 REASON_PREFIX = "budget: "
 
 
@@ -59,6 +61,11 @@ class Budget:
 
     def spent_usd(self, elapsed_s: float) -> float:
         return self.usd_per_hour * max(0.0, elapsed_s) / 3600.0
+
+    def deadline(self, started: float) -> float | None:
+        """Epoch seconds at which the budget runs out for a job started at ``started``."""
+        limit = self.limit_s()
+        return None if limit is None else started + limit
 
     def remaining_s(self, elapsed_s: float) -> float | None:
         """Seconds left (never negative); None without a cap."""

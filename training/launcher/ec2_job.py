@@ -54,7 +54,7 @@ from typing import Any
 import psutil
 
 from training.launcher import job_end, roles
-from training.launcher.budget import ENV_MAX_SECONDS, Budget, job_started, parse_started
+from training.launcher.budget import ENV_DEADLINE, Budget, job_started, parse_started
 from training.launcher.group import GroupIdentity
 from training.launcher.imds import ImdsClient
 from training.launcher.jobparam import JobPointer, JobWatch
@@ -539,13 +539,20 @@ class Ec2Job:
         return elapsed is not None and self.budget.reached(elapsed)
 
     def _budget_env(self) -> dict[str, str]:
-        """What the trainer may run before the budget is spent (its ``--max-seconds``)."""
+        """When the budget runs out (epoch seconds), for the trainer: its ``--max-seconds``
+        defaults to what is left of it when it parses its arguments (torchrun's start counts)."""
         elapsed = self._budget_elapsed()
-        remaining = None if elapsed is None else self.budget.remaining_s(elapsed)
-        if remaining is None:
+        if elapsed is None or self._started is None:
             return {}
-        log.info("budget: %s; the trainer may run %.0f s", self.budget.describe(elapsed), remaining)
-        return {ENV_MAX_SECONDS: f"{max(remaining, 1.0):.3f}"}
+        deadline = self.budget.deadline(self._started)
+        if deadline is None:
+            return {}
+        log.info(
+            "budget: %s; the trainer may run until %.0f s from now",
+            self.budget.describe(elapsed),
+            deadline - time.time(),
+        )
+        return {ENV_DEADLINE: f"{deadline:.3f}"}
 
     def _end_for_budget(self) -> int:
         """The budget is spent (the trainer checkpointed when it stopped): end the job as

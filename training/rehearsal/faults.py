@@ -12,7 +12,7 @@ A scenario file holds the same lists under the flag names, plus optional expecta
     s3-outage = ["20:5"]
     notice-seconds = 15
     [expect]
-    outcome = "finished"      # or "failed" (e.g. a trainer that keeps crashing)
+    outcome = "finished"      # or "failed" (a trainer that keeps crashing), "stopped" (budget)
     params-equal = true       # default: true when the expected outcome is "finished"
     steps-lost-max = 4        # default: one checkpoint interval per trainer instance lost
 """
@@ -109,7 +109,8 @@ class Expectations:
     """What the scenario should end with; the rehearsal fails when it ends otherwise."""
 
     outcome: str = "finished"
-    """The job record's outcome: ``finished`` or ``failed``."""
+    """The job record's outcome: ``finished``, ``failed`` or ``stopped`` (``job.max_usd`` /
+    ``job.max_hours`` reached)."""
     params_equal: bool | None = None
     """Final parameters equal to an uninterrupted run's (None: expected when finished)."""
     steps_lost_max: int | None = None
@@ -232,8 +233,10 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
             "steps-lost-max"
         )
     outcome = expect.get("outcome", "finished")
-    if outcome not in ("finished", "failed"):
-        raise FaultSyntaxError(f"{source}: expect.outcome must be 'finished' or 'failed'")
+    if outcome not in ("finished", "failed", "stopped"):
+        raise FaultSyntaxError(
+            f"{source}: expect.outcome must be 'finished', 'failed' or 'stopped' (the budget)"
+        )
     params_equal = expect.get("params-equal")
     if params_equal is not None and not isinstance(params_equal, bool):
         raise FaultSyntaxError(f"{source}: expect.params-equal must be true or false")

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +36,14 @@ if TYPE_CHECKING:
     from training.trainer.train import Trainer
 
 log = logging.getLogger("training.trainer")
+
+
+def _budget_seconds() -> float | None:
+    """Seconds left until ``HETERO_BUDGET_DEADLINE`` (epoch seconds, from the launcher); past
+    it, a millisecond: the trainer stops after its first step, with a checkpoint. None when
+    unset."""
+    raw = os.environ.get("HETERO_BUDGET_DEADLINE", "").strip()
+    return max(0.001, float(raw) - time.time()) if raw else None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -57,11 +66,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-seconds",
         type=float,
-        # The launcher passes what is left of the job's budget (training.launcher.budget).
-        default=float(os.environ["HETERO_MAX_SECONDS"])
-        if os.environ.get("HETERO_MAX_SECONDS")
-        else None,
-        help="stop with a checkpoint after S seconds (default: $HETERO_MAX_SECONDS)",
+        # The launcher passes when the job's budget runs out (training.launcher.budget).
+        default=_budget_seconds(),
+        help="stop with a checkpoint after S seconds (default: what is left until "
+        "$HETERO_BUDGET_DEADLINE, epoch seconds, when set)",
     )
     p.add_argument(
         "--checkpoint-dir",
