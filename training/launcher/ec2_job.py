@@ -74,6 +74,7 @@ from training.launcher.spot import (
     SpotWatcher,
 )
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
+from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S, NoTrainerWatch
 from training.outcome import (
     EXIT_FAILED,
     EXIT_FINISHED,
@@ -109,6 +110,9 @@ class LoopSettings:
     imds_url: str = ""
     imds_timeout_s: float = 1.0
     heartbeat_s: float = 30.0
+    no_trainer_timeout_s: float = NO_TRAINER_TIMEOUT_S
+    """A data server ends the job as failed when no trainer host has written to the job record
+    for this long (``trainer_watch``; checked at each heartbeat)."""
     """How often a running host puts its state and last metrics into the job record."""
     subreaper: bool = True
     """Adopt the role's orphaned descendants (Linux), so none outlives the launcher."""
@@ -178,6 +182,14 @@ class Ec2Job:
         """Reads the job pointer (None: no pointer, the job never changes under this host)."""
         self.hook = environ.get(ENV_LIFECYCLE_HOOK, "").strip()
         self.signals = _Signals()
+        trainer_groups = [g.name for g in spec.groups if g.role is Role.TRAINER]
+        self.trainer_watch = (
+            NoTrainerWatch(record, trainer_groups, timeout_s=settings.no_trainer_timeout_s)
+            if record is not None and self.group.role is not Role.TRAINER and trainer_groups
+            else None
+        )
+        self.no_trainer: str | None = None
+        """Why this data server ended the job (no live trainer host), once it did."""
         self.failures = 0
         self.generation = 0
         self.ended_job = False
@@ -363,6 +375,8 @@ class Ec2Job:
                 return self._end_for_budget()
             self.generation += 1
             result = self._run_generation(membership)
+            if self.no_trainer is not None:
+                return EXIT_FAILED
             if self.signals.leaving:
                 if (
                     result.outcome is Outcome.FINISHED
@@ -511,6 +525,26 @@ class Ec2Job:
         """While the role runs: this host's state and the trainer's last metrics line."""
         while not done.wait(self.settings.heartbeat_s):
             self._set_host(state="running", members=members, metrics=_last_metrics(self.run_dir))
+            if self._no_live_trainer():
+                return
+
+    def _no_live_trainer(self) -> bool:
+        """A data server with no live trainer host for the bounded time (``trainer_watch``) ends
+        the job as failed, every group to zero, and stops its servers."""
+        if self.trainer_watch is None or self.no_trainer is not None:
+            return False
+        reason = self.trainer_watch.check()
+        if reason is None:
+            return False
+        log.error("%s: ending the job", reason)
+        if not self._end(Outcome.FAILED, reason):
+            return False  # another job began: its own watch starts over
+        self.no_trainer = reason
+        with self.signals.lock:
+            sup = self.signals.supervisor
+        if sup is not None:
+            sup.request_stop(signal.SIGTERM, reason)
+        return True
 
     # -- budget ------------------------------------------------------------------------------
 
@@ -716,4 +750,5 @@ def default_settings(args: Any) -> LoopSettings:
         imds_url=args.imds_url,
         imds_timeout_s=args.imds_timeout,
         job_poll_s=args.job_poll,
+        no_trainer_timeout_s=args.no_trainer_timeout,
     )

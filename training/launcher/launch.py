@@ -54,6 +54,7 @@ from training.launcher.names import (
 )
 from training.launcher.spot import TARGET_LIFECYCLE_PATH
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
+from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
 from training.outcome import EXIT_STOPPED, Outcome, clear_outcomes, read_host_outcome
 from training.spec import ClusterSpec, Role, load_spec
 
@@ -159,6 +160,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=early_exit.REPLACEMENT_BUDGET,
         help="EC2: instances per job taken out of service because the launcher could not start "
         "its job loop; one more ends the job as failed",
+    )
+    parser.add_argument(
+        "--no-trainer-timeout",
+        type=float,
+        default=NO_TRAINER_TIMEOUT_S,
+        help="EC2, data servers: seconds without any trainer host in the job record before the "
+        "job ends as failed",
     )
     parser.add_argument(
         "--restart-backoff",
