@@ -267,3 +267,25 @@ def test_a_local_launch_never_touches_auto_scaling(
     launch.add_arguments(parser)
     args = parser.parse_args(["--spec", str(spec), "--group", "nope", "--backend", "local"])
     assert launch.run(args) == launch.EXIT_CONFIG
+
+
+def test_without_a_region_the_launcher_exits_with_its_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deployed (HETERO_ASG_NAMES) but no region anywhere and no IMDS: no Auto Scaling client
+    can be made; the launcher logs it and exits with its own code instead of a traceback."""
+    for k in ("AWS_DEFAULT_REGION", "AWS_REGION", "HETERO_JOB_PARAMETER"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("HETERO_ASG_NAMES", ",".join(GROUPS))
+    monkeypatch.setattr(early_exit, "leave_service", lambda *a, **k: pytest.fail("called"))
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(SPEC)
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    args = parser.parse_args(
+        ["--spec", str(spec), "--group", "nope", "--backend", "ec2",
+         "--imds-url", "http://127.0.0.1:9", "--imds-timeout", "0.2"]
+    )  # fmt: skip
+    assert launch.run(args) == launch.EXIT_CONFIG
+    assert "no Auto Scaling client (You must specify a region.)" in caplog.text

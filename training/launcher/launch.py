@@ -457,13 +457,18 @@ def _cannot_start(
     location = ec2_job.record_location(os.environ, spec)
     group = identity.group if identity else os.environ.get(ENV_GROUP) or args.group
     hook = os.environ.get(ENV_LIFECYCLE_HOOK, "").strip() or None
+    try:
+        autoscaling = boto3.client("autoscaling", region_name=region)
+    except Exception as e:  # e.g. no region known: nothing to call
+        log.error("no Auto Scaling client (%s): the instance stays; exiting %d", e, code)
+        return code
     return early_exit.leave_service(
         why,
         code,
         instance_id=instance_id,
         group=group,
         record=JobRecord(location) if location else None,
-        autoscaling=boto3.client("autoscaling", region_name=region),
+        autoscaling=autoscaling,
         asg_names=job_end.asg_names_from_env(os.environ),
         budget=args.replacement_budget,
         hook=hook,
