@@ -336,8 +336,9 @@ def test_cli_check_states_what_the_network_stack_costs_and_how_to_stop_it(
     assert network_usd_per_month() == pytest.approx(51.10)
     assert lines == [
         "network stack hetero-vit-network: 7 interface endpoints x 1 AZ x 0.01 USD/h = "
-        "0.07 USD/h, 51.10 USD/month while it exists, jobs or none (us-east-1 price as of "
-        "2026-11-25, https://aws.amazon.com/privatelink/pricing/; data processed extra); stop "
+        "0.07 USD/h, 51.10 USD/month while it exists, jobs or none (estimated us-east-1 rate, "
+        "noted 2026-11-25, https://aws.amazon.com/privatelink/pricing/; data processed extra); "
+        "stop "
         f"it: npx cdk destroy --all -c spec={REPO / 'cluster.toml'}"
     ]
 

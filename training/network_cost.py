@@ -27,10 +27,10 @@ credentials from IMDS, not STS), ``ec2messages`` (the SSM agent uses ``ssmmessag
 reach it; ``ec2messages`` is its fallback for Run Command, which nothing here uses)."""
 
 USD_PER_ENDPOINT_AZ_HOUR: Final = 0.01
-"""An interface endpoint's hourly price per Availability Zone, us-east-1, as of 2026-11-25
-(https://aws.amazon.com/privatelink/pricing/: billed for each hour the endpoint is provisioned
-in each AZ, a partial hour as a full hour, until it is deleted; data processed is on top,
-0.01 USD/GB for the first PB)."""
+"""An interface endpoint's hourly price per Availability Zone in us-east-1: an estimate (the
+rate we know of; the stored copy of https://aws.amazon.com/privatelink/pricing/ confirms the
+billing rule, each hour the endpoint is provisioned in each AZ, a partial hour as a full hour,
+until it is deleted, and 0.01 USD/GB processed for the first PB, but not the hourly figure)."""
 PRICE_AS_OF: Final = "2026-11-25"
 PRICE_REGION: Final = "us-east-1"
 PRICING_URL: Final = "https://aws.amazon.com/privatelink/pricing/"
@@ -58,6 +58,6 @@ def network_cost_line(spec: ClusterSpec, spec_path: str) -> str:
         f"network stack {spec.name}-network: {len(INTERFACE_ENDPOINTS)} interface endpoints x "
         f"{AVAILABILITY_ZONES} AZ x {USD_PER_ENDPOINT_AZ_HOUR:.2f} USD/h = "
         f"{network_usd_per_hour():.2f} USD/h, {network_usd_per_month():.2f} USD/month while it "
-        f"exists, jobs or none ({PRICE_REGION} price as of {PRICE_AS_OF}, {PRICING_URL}; data "
-        f"processed extra); stop it: npx cdk destroy --all -c spec={spec_path}"
+        f"exists, jobs or none (estimated {PRICE_REGION} rate, noted {PRICE_AS_OF}, "
+        f"{PRICING_URL}; data processed extra); stop it: npx cdk destroy --all -c spec={spec_path}"
     )
