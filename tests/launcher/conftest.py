@@ -35,6 +35,26 @@ port = 50051
 """
 
 
+def one_of_each(name: str) -> str:
+    """A spec of one trainer (g5.xlarge) and one dataprep (c6i.4xlarge) instance, 10 steps;
+    text appended to it lands in ``[job]``."""
+    return f"""
+name = "{name}"
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 1
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 1
+[job]
+steps = 10
+"""
+
+
 class FakeImds:
     """IMDSv2 on 127.0.0.1: ``PUT /latest/api/token`` (with the TTL header) returns a token;
     GETs without that token get 401; known paths answer 200, others 404."""

@@ -25,7 +25,7 @@ from training.launcher.status import JobStatus, budget_line
 from training.outcome import EXIT_FINISHED, EXIT_STOPPED, Outcome
 from training.spec import ClusterSpec, Role, load_spec
 
-from .conftest import FakeImds
+from .conftest import FakeImds, one_of_each
 from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (fixture)
 
 # 3.60 USD/h for the whole cluster: 0.001 USD a second.
@@ -116,25 +116,7 @@ def test_status_shows_spend_against_the_cap_until_the_end(tmp_path: Path) -> Non
 
 # -- the EC2 loop -----------------------------------------------------------------------------
 
-SPEC_WITH_CAP = (
-    """
-name = "one"
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 1
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-[job]
-steps = 10
-{cap}
-"""
-    + PRICED
-)
+SPEC_WITH_CAP = one_of_each("one") + "{cap}\n" + PRICED
 
 # A trainer that honours --max-seconds as the real one does (what is left until
 # HETERO_BUDGET_DEADLINE is its default): it runs until then and stops "max-seconds" after a

@@ -24,7 +24,7 @@ from training.launcher import early_exit, launch
 from training.launcher.jobrecord import JobRecord
 from training.outcome import EXIT_FAILED
 
-from .conftest import FakeImds
+from .conftest import FakeImds, one_of_each
 
 INSTANCE = "i-0123456789abcdef0"
 GROUPS = ["vit-trainer", "vit-dataprep"]
@@ -184,24 +184,7 @@ def test_without_a_job_record_it_is_still_replaced(autoscaling: tuple[Any, Stubb
     assert leave(client, None) == 2
 
 
-SPEC = """
-name = "vit"
-
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 1
-
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-
-[job]
-steps = 10
-"""
+SPEC = one_of_each("vit")
 
 
 def test_launch_with_an_unreadable_job_pointer_takes_its_instance_out_of_service(

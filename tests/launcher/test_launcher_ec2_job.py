@@ -24,26 +24,12 @@ from training.launcher.spot import REBALANCE_PATH, TARGET_LIFECYCLE_PATH
 from training.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
 from training.spec import ClusterSpec, Role, load_spec
 
-from .conftest import FakeImds
+from .conftest import FakeImds, one_of_each
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"
 URI = "s3://ckpt/checkpoints/one/"
-SPEC = """
-name = "one"
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 1
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-[job]
-steps = 10
-"""
+SPEC = one_of_each("one")
 
 # A stand-in for torchrun's rank: it plays the next behaviour listed in the script file
 # (one per generation) and writes the outcome file the real trainer writes.

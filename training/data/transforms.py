@@ -13,8 +13,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields
 
 import torch
 from PIL import Image
@@ -70,14 +69,9 @@ def encode_recipe(recipe: TransformSpec) -> str:
                           sort_keys=True)  # fmt: skip
     if recipe.is_preset:
         return recipe.preset.value
-    table: dict[str, Any] = {}
-    for f in fields(recipe):
-        value = getattr(recipe, f.name)
-        if value is None:
-            continue
-        table[f.name] = list(value) if isinstance(value, tuple) else str(value) if isinstance(
-            value, Recipe | Interpolation) else value  # fmt: skip
-    return json.dumps({"train": table}, sort_keys=True)
+    # JSON writes the enums (str) as their values and the tuples as arrays.
+    table = {f.name: getattr(recipe, f.name) for f in fields(recipe)}
+    return json.dumps({"train": {k: v for k, v in table.items() if v is not None}}, sort_keys=True)
 
 
 def decode_recipe(text: str) -> TransformSpec:
@@ -183,11 +177,6 @@ def build_transform(recipe: TransformSpec | Recipe | str, image_size: int) -> Tr
                 for op in step.ops:
                     op.magnitude_max = _RANDAUGMENT_MAGNITUDE_MAX
     return transform
-
-
-def recipe_dict(recipe: TransformSpec) -> dict[str, Any]:
-    """A JSON-able description (for summaries and results)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(recipe).items()}
 
 
 def decode_image(data: bytes) -> Image.Image:

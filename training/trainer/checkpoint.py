@@ -533,7 +533,9 @@ class Checkpointer:
             "optim": optim_sd,
             "train": {"step": 0, "world_size": 0, "data": ""},
         }
-        saved = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+        saved: set[str] = set()
+        if self.extra:  # which of them this checkpoint holds
+            saved = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
         for key, module in self.extra.items():
             if any(k.startswith(f"{key}.") for k in saved):
                 state[key] = module.state_dict()

@@ -56,7 +56,7 @@ from training.spec import ClusterSpec
 from training.trainer.checkpoint import MARKER, is_complete, latest_complete, step_dirs
 from training.trainer.checkpoint_s3 import S3CheckpointStore, bounded_client, parse_s3_uri
 from training.trainer.config import CheckpointConfig, ConfigError, ModelConfig, TrainerConfig
-from training.trainer.model import resolve
+from training.trainer.model import resolve, shape_differences, some_keys
 
 log = logging.getLogger(__name__)
 
@@ -242,21 +242,16 @@ def _check_weights(state_dict: Mapping[str, torch.Tensor], model: nn.Module, wha
 def _differences(
     expected: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]]
 ) -> list[str]:
-    def some(keys: list[str]) -> str:
-        return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-
+    missing, unexpected, shapes = shape_differences(expected, got)
     problems = []
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    shapes = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
     if missing:
-        problems.append(f"missing {some(missing)}")
+        problems.append(f"missing {some_keys(missing)}")
     if unexpected:
-        problems.append(f"unexpected {some(unexpected)}")
+        problems.append(f"unexpected {some_keys(unexpected)}")
     if shapes:
         problems.append(
             "shape of "
-            + some([f"{k} {list(got[k])} (expected {list(expected[k])})" for k in shapes])
+            + some_keys([f"{k} {list(got[k])} (expected {list(expected[k])})" for k in shapes])
         )
     return problems
 

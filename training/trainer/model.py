@@ -247,17 +247,15 @@ def plan_init(
     ):
         resampled.append(pos)
         shapes[pos] = expected[pos]
-    missing = sorted(set(expected) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected))
-    changed = sorted(k for k in set(expected) & set(shapes) if expected[k] != shapes[k])
+    missing, unexpected, changed = shape_differences(expected, shapes)
     if missing:
-        problems.append(f"the model has tensors the file lacks: {_some(missing)}")
+        problems.append(f"the model has tensors the file lacks: {some_keys(missing)}")
     if unexpected:
-        problems.append(f"the file has tensors the model lacks: {_some(unexpected)}")
+        problems.append(f"the file has tensors the model lacks: {some_keys(unexpected)}")
     if changed:
         problems.append(
             "shapes differ (file vs model): "
-            + _some([f"{k} {list(shapes[k])} vs {list(expected[k])}" for k in changed])
+            + some_keys([f"{k} {list(shapes[k])} vs {list(expected[k])}" for k in changed])
         )
     if problems:
         what = f"{name}" + (f" with {dict(config.overrides)}" if config.overrides else "")
@@ -296,7 +294,19 @@ def _config_differences(
     return problems
 
 
-def _some(keys: list[str]) -> str:
+def shape_differences(
+    expected: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]]
+) -> tuple[list[str], list[str], list[str]]:
+    """Tensor names (sorted) ``expected`` has and ``got`` lacks, ``got`` has and ``expected``
+    lacks, and both have with other shapes."""
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    changed = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
+    return missing, unexpected, changed
+
+
+def some_keys(keys: list[str]) -> str:
+    """The first five names, and how many more."""
     return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
 
 

@@ -153,7 +153,6 @@ class Trainer:
         self.validation: ValidationBatches | None = None
         if job.dataset.has_validation and config.input.kind is not InputKind.SYNTHETIC:
             self.validation = ValidationBatches(config, rank=self.rank, world_size=self.world_size)
-        self.evaluations: list[EvalResult] = []
         ckpt = config.checkpoint
         # Checkpoint collectives on a gloo group of their own, with a longer timeout (a slow
         # upload is not a lost peer); background saves' DCP collectives on another, so a
@@ -194,9 +193,8 @@ class Trainer:
             else None
         )
         self.state_bytes: dict[str, int] = {}
-        self._facts_cache = self._facts()
         self.metrics = MetricsLogger(
-            config.run_dir, self._facts_cache, rank=self.rank, device=self.device,
+            config.run_dir, self._facts(), rank=self.rank, device=self.device,
             emf_cluster=config.emf_cluster,
         )  # fmt: skip
 
@@ -463,9 +461,8 @@ class Trainer:
             top1=raw.top1, top5=raw.top5, loss=raw.loss, samples=raw.samples, eval_s=eval_s,
             ema=EvalScores(top1=ema.top1, top5=ema.top5, loss=ema.loss) if ema else None,
         )  # fmt: skip
-        self.evaluations.append(result)
         self.metrics.log_eval(
-            self.step, result, samples_seen=self.step * self._facts_cache.global_batch,
+            self.step, result, samples_seen=self.step * self.metrics.facts.global_batch,
             train_wall_s=wall,
         )  # fmt: skip
         excluded.append(eval_s)
