@@ -155,3 +155,32 @@ efa = "auto"
 [job]
 steps = 100
 """
+
+DATASET_URI = "s3://vit-datasets/imagenet/train/"
+
+# SageMaker-style group names (underscores) and an S3 dataset: both roles also read the dataset.
+SAGEMAKER_SPEC = f"""
+name = "vit-sm"
+
+[[groups]]
+name = "dnn_group"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 2
+market = "spot"
+
+[[groups]]
+name = "data_group"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 1
+market = "spot"
+efa = "off"
+
+[job]
+steps = 100
+
+[job.dataset]
+source = "s3"
+path = "{DATASET_URI}"
+"""

@@ -11,39 +11,10 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Template
-from infra_support import BuiltApp, build, cdk_context
+from infra_support import DATASET_URI, SAGEMAKER_SPEC, BuiltApp, build, cdk_context
 
 from infra.cluster import CheckpointBucket, ClusterImage, SageMakerExecutionRole, grant_dataset_read
 from training import aws_tags
-
-DATASET_URI = "s3://vit-datasets/imagenet/train/"
-
-# SageMaker-style group names (underscores) and an S3 dataset.
-SAGEMAKER_SPEC = f"""
-name = "vit-sm"
-
-[[groups]]
-name = "dnn_group"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 2
-market = "spot"
-
-[[groups]]
-name = "data_group"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-market = "spot"
-efa = "off"
-
-[job]
-steps = 100
-
-[job.dataset]
-source = "s3"
-path = "{DATASET_URI}"
-"""
 
 PARTITION = {"Ref": "AWS::Partition"}
 
