@@ -1,0 +1,37 @@
+"""The mutation check (tests/infra/security_mutants.py) under the suite: every security mutant of
+the construct code is killed by an assertion of tests/infra/test_security_invariants.py.
+
+About three minutes on 2 cores: each mutant is one pytest subprocess that synthesizes in-process
+(the CDK's jsii start-up dominates), two at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import security_mutants
+from security_mutants import MUTANTS, Mutant
+
+
+def test_every_mutant_edits_the_code_as_it_is(tmp_path: Path) -> None:
+    """Each edit's text is in the code exactly once (fast: a refactor shows here first)."""
+    security_mutants.copy_tree(tmp_path)
+    for mutant in MUTANTS:
+        for edit in mutant.edits:
+            assert (tmp_path / edit.path).read_text().count(edit.old) == 1, (mutant.name, edit)
+
+
+def test_an_edit_that_no_longer_matches_stops_the_check(tmp_path: Path) -> None:
+    security_mutants.copy_tree(tmp_path)
+    stale = Mutant("stale", security_mutants._edit("infra/network.py", "no such code", "x"))
+    with pytest.raises(SystemExit, match=r"occurs 0 times in infra/network\.py"):
+        security_mutants.apply(stale, tmp_path)
+
+
+def test_every_security_mutant_is_killed(capsys: pytest.CaptureFixture[str]) -> None:
+    outcomes, _ = security_mutants.run(MUTANTS, jobs=2)
+    with capsys.disabled():
+        print("\n" + security_mutants.table(outcomes))
+    survivors = {o.name: o.killed_by for o in outcomes if not o.killed}
+    assert survivors == {}
+    assert len(outcomes) == len(MUTANTS)
