@@ -488,6 +488,9 @@ def test_interface_endpoints_admit_only_the_endpoint_group(built: BuiltApp) -> N
     for endpoint in interfaces:
         assert endpoint["Properties"]["SecurityGroupIds"] == [endpoint_sg]
         assert endpoint["Properties"]["PrivateDnsEnabled"] is True
+    # No endpoint policy on any endpoint (the S3 gateway included): AWS's default applies.
+    for endpoint in endpoints.values():
+        assert "PolicyDocument" not in endpoint["Properties"]
 
 
 # IAM ----------------------------------------------------------------------------------------------
