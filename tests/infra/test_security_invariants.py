@@ -328,6 +328,17 @@ def test_checkpoint_bucket_blocks_all_public_access(built: BuiltApp) -> None:
 def test_checkpoint_bucket_keeps_versions_of_overwritten_checkpoints(built: BuiltApp) -> None:
     _, bucket = _bucket(built)
     assert bucket["Properties"]["VersioningConfiguration"] == {"Status": "Enabled"}
+    # Old versions are kept 30 days, then expire (documented in infra/cluster.py).
+    assert bucket["Properties"]["LifecycleConfiguration"] == {
+        "Rules": [
+            {
+                "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7},
+                "Id": "expire-old-checkpoint-versions",
+                "NoncurrentVersionExpiration": {"NoncurrentDays": 30},
+                "Status": "Enabled",
+            }
+        ]
+    }
 
 
 def test_checkpoint_bucket_encrypts_at_rest_with_s3_managed_keys(built: BuiltApp) -> None:
