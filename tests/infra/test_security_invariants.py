@@ -214,7 +214,9 @@ def _common_grants(built: BuiltApp) -> list[str]:
 
 def _flow_log_role(network: Any) -> Any:
     """The role CDK makes for the VPC's flow log (``vpc.add_flow_log("FlowLog")``)."""
-    return network.vpc.node.find_child("FlowLog").node.find_child("IAMRole")
+    flow_log = network.vpc.node.try_find_child("FlowLog")
+    assert flow_log is not None, "the VPC has no flow log"
+    return flow_log.node.find_child("IAMRole")
 
 
 def _launch_templates(built: BuiltApp) -> dict[str, dict[str, Any]]:
@@ -764,6 +766,7 @@ def test_vpc_flow_logs_record_all_traffic(built: BuiltApp) -> None:
     network = built.stacks.network.network
     stack = built.stacks.network
     flow_logs = _resources(built.network.to_json(), "AWS::EC2::FlowLog")
+    assert len(flow_logs) == 1, "one flow log, on the VPC"
     [flow_log] = flow_logs.values()
     role = _flow_log_role(network)
     props = dict(flow_log["Properties"])
