@@ -6,8 +6,11 @@ mutant must be killed (a test of that module fails with an assertion) or the che
 
 Each mutant is a text edit of the source (``infra/*.py``, or the pinned CDK CLI's bootstrap
 template that the image repository comes from) in a fresh copy of the files synthesis needs, so
-the tree being worked on is never touched; the same pytest module runs in a subprocess with the
-copy first on ``sys.path`` (synthesis is in-process there, no CDK CLI). An edit whose text is not
+the tree being worked on is never touched. The same pytest module then runs on each copy, with
+synthesis in-process (no CDK CLI): ``--jobs`` worker processes each run the unmutated copy (every
+test must pass), their share of the mutants, and the unmutated copy again, one ``pytest.main``
+after another with the copy's ``infra`` and ``training`` imported afresh each time (checked), so
+the jsii runtime starts once per worker rather than once per mutant. An edit whose text is not
 found exactly once stops the check: a refactor must update its mutant, not silently skip it.
 ``tests/infra/test_security_mutants.py`` runs this under ``make test``.
 """
@@ -15,6 +18,7 @@ found exactly once stops the check: a refactor must update its mutant, not silen
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +27,6 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,6 +274,15 @@ class Outcome:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run of the invariant module on one copy of the tree."""
+
+    root: str
+    report: str
+    stop_at_first: bool
+
+
 def copy_tree(destination: Path) -> None:
     """Copy what synthesis and the invariant tests read into ``destination``."""
     for relative in COPIED:
@@ -296,93 +308,132 @@ def apply(mutant: Mutant, root: Path) -> None:
         path.write_text(text.replace(edit.old, edit.new))
 
 
-def _environment(root: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
+# Modules that come from a copy of the tree: forgotten before each run, so the next run imports
+# its own copy's code (aws_cdk and the jsii runtime stay loaded: that is the time saved).
+_TREE_MODULES = ("infra", "training", "infra_support", "test_security_invariants")
 
 
-def check_imports_from(root: Path) -> None:
-    """The copy's ``infra`` and ``training`` are the ones imported, not the editable install's."""
-    code = "import infra, training; print(infra.__file__); print(training.__file__)"
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=root,
-        env=_environment(root),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    for line in result.stdout.split():
-        if not Path(line).resolve().is_relative_to(root.resolve()):
-            raise SystemExit(f"the copy in {root} imports {line}: mutants would not be tested")
+def _forget_tree_modules(workdir: Path) -> None:
+    for name in list(sys.modules):
+        if name.split(".")[0] in _TREE_MODULES:
+            del sys.modules[name]
+    sys.path[:] = [p for p in sys.path if not Path(p).resolve().is_relative_to(workdir)]
 
 
-def run_invariants(root: Path, *, stop_at_first: bool) -> tuple[int, list[tuple[str, str]]]:
-    """Run the invariant module in ``root``; (exit code, [(test id, 'failure'|'error')])."""
-    report = root / "report.xml"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        INVARIANTS,
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "addopts=",
-        f"--junitxml={report}",
-        "--rootdir",
-        str(root),
-    ]
-    if stop_at_first:
-        command.append("-x")
-    result = subprocess.run(
-        command, cwd=root, env=_environment(root), capture_output=True, text=True, check=False
-    )
+def work(runs: Sequence[Run], workdir: Path, results: Path) -> None:
+    """The worker: run the invariant module once per copy, in this one process, and write
+    {report: seconds} to ``results``. Each run's copy of ``infra`` and ``training`` is the one
+    imported (checked after the run), never another copy's or the editable install's."""
+    import pytest
+
+    # This script's own folder (the real tests/infra) is on sys.path as the script's: off it.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (here, REPO_ROOT)]
+    seconds: dict[str, float] = {}
+    for run in runs:
+        start = time.monotonic()
+        root = Path(run.root)
+        _forget_tree_modules(workdir)
+        sys.path.insert(0, str(root))
+        os.chdir(root)
+        args = [
+            INVARIANTS, "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+            f"--junitxml={run.report}", "--rootdir", str(root),
+        ]  # fmt: skip
+        pytest.main([*args, "-x"] if run.stop_at_first else args)
+        for name in _TREE_MODULES:
+            module = sys.modules.get(name)
+            where = Path(getattr(module, "__file__", "") or "").resolve()
+            if module is not None and not where.is_relative_to(root.resolve()):
+                raise SystemExit(f"the run in {root} imported {name} from {where}")
+        seconds[run.report] = time.monotonic() - start
+    results.write_text(json.dumps(seconds))
+
+
+def _failures(report: Path) -> list[tuple[str, str]]:
+    """[(test name, 'failure'|'error')] of a junit report; a missing report is an error."""
+    if not report.exists():
+        return [(f"no report at {report}", "error")]
     bad: list[tuple[str, str]] = []
-    if report.exists():
-        for case in ET.parse(report).getroot().iter("testcase"):
-            for kind in ("failure", "error"):
-                if case.find(kind) is not None:
-                    bad.append((case.get("name", "?"), kind))
-    if result.returncode not in (0, 1) or (result.returncode == 1 and not bad):
-        tail = (result.stdout + result.stderr)[-3000:]
-        bad.append((f"pytest exited {result.returncode}: {tail}", "error"))
-    return result.returncode, bad
+    for case in ET.parse(report).getroot().iter("testcase"):
+        for kind in ("failure", "error"):
+            if case.find(kind) is not None:
+                bad.append((case.get("name", "?"), kind))
+    return bad
 
 
-def run_mutant(mutant: Mutant, workdir: Path) -> Outcome:
-    start = time.monotonic()
-    root = workdir / mutant.name.replace(" ", "_").replace("/", "_")
-    copy_tree(root)
-    apply(mutant, root)
-    _, bad = run_invariants(root, stop_at_first=True)
-    elapsed = time.monotonic() - start
+def _outcome(mutant: Mutant, report: Path, seconds: float) -> Outcome:
+    bad = _failures(report)
     failures = [name for name, kind in bad if kind == "failure"]
     if failures:
-        return Outcome(mutant.name, True, failures[0], elapsed)
+        return Outcome(mutant.name, True, failures[0], seconds)
     if bad:  # only errors: the mutant broke synthesis or the run, no invariant caught it
-        return Outcome(mutant.name, False, f"no assertion failed; error in {bad[0][0]}", elapsed)
-    return Outcome(mutant.name, False, "survived: every invariant test passed", elapsed)
+        return Outcome(mutant.name, False, f"no assertion failed; error in {bad[0][0]}", seconds)
+    return Outcome(mutant.name, False, "survived: every invariant test passed", seconds)
 
 
 def run(mutants: Sequence[Mutant], *, jobs: int) -> tuple[list[Outcome], float]:
-    """Check the unmutated copy passes, then run every mutant; (outcomes, baseline seconds)."""
+    """Run every mutant; (outcomes, seconds of the slowest worker's first, unmutated run:
+    the jsii start-up and three app builds).
+
+    Each of ``jobs`` worker processes runs the unmutated copy first (every test must pass),
+    then its share of the mutants (stopping at the first failure), then the unmutated copy
+    again (every test must still pass: nothing of one run leaks into the next)."""
     with tempfile.TemporaryDirectory(prefix="security-mutants-") as tmp:
-        workdir = Path(tmp)
-        baseline = workdir / "baseline"
-        start = time.monotonic()
-        copy_tree(baseline)
-        check_imports_from(baseline)
-        code, bad = run_invariants(baseline, stop_at_first=False)
-        if code != 0:
-            raise SystemExit(f"the invariant tests fail on the unmutated copy: {bad}")
-        baseline_seconds = time.monotonic() - start
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            outcomes = list(pool.map(lambda m: run_mutant(m, workdir), mutants))
+        workdir = Path(tmp).resolve()
+        roots: dict[str, Path] = {}
+        for i, mutant in enumerate(mutants):
+            roots[mutant.name] = workdir / f"mutant-{i:02d}"
+            copy_tree(roots[mutant.name])
+            apply(mutant, roots[mutant.name])
+        workers = []
+        for job in range(max(1, min(jobs, len(mutants)))):
+            baseline = workdir / f"baseline-{job}"
+            copy_tree(baseline)
+            share = [m for i, m in enumerate(mutants) if i % jobs == job]
+            runs = [
+                Run(str(baseline), str(baseline / "before.xml"), stop_at_first=False),
+                *(Run(str(roots[m.name]), str(roots[m.name] / "report.xml"), True) for m in share),
+                Run(str(baseline), str(baseline / "after.xml"), stop_at_first=False),
+            ]
+            plan = workdir / f"worker-{job}.json"
+            plan.write_text(json.dumps([r.__dict__ for r in runs]))
+            results = workdir / f"seconds-{job}.json"
+            command = [
+                sys.executable, __file__, "--worker", str(plan), str(workdir), str(results),
+            ]  # fmt: skip
+            env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+            env.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+            workers.append(
+                (
+                    baseline,
+                    results,
+                    subprocess.Popen(
+                        command,
+                        cwd=workdir,
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    ),
+                )
+            )
+        seconds: dict[str, float] = {}
+        baseline_seconds = 0.0
+        for baseline, results, process in workers:
+            output, _ = process.communicate()
+            if process.returncode != 0 or not results.exists():
+                raise SystemExit(f"a worker failed ({process.returncode}):\n{output[-4000:]}")
+            seconds.update(json.loads(results.read_text()))
+            for report in ("before.xml", "after.xml"):
+                bad = _failures(baseline / report)
+                if bad:
+                    raise SystemExit(f"the unmutated copy fails ({report}): {bad}")
+            baseline_seconds = max(baseline_seconds, seconds[str(baseline / "before.xml")])
+        outcomes = [
+            _outcome(m, roots[m.name] / "report.xml", seconds[str(roots[m.name] / "report.xml")])
+            for m in mutants
+        ]
     return outcomes, baseline_seconds
 
 
@@ -397,10 +448,16 @@ def table(outcomes: Sequence[Outcome]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--worker"]:
+        plan, workdir, results = args_list[1:]
+        runs = [Run(**r) for r in json.loads(Path(plan).read_text())]
+        work(runs, Path(workdir), Path(results))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="run only the mutants with these names")
-    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    args = parser.parse_args(args_list)
     chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
     unknown = set(args.names) - {m.name for m in MUTANTS}
     if unknown:
@@ -411,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     survivors = [o.name for o in outcomes if not o.killed]
     print(
         f"\n{len(outcomes) - len(survivors)} of {len(outcomes)} mutants killed "
-        f"(baseline {baseline:.1f} s, total {time.monotonic() - start:.1f} s)"
+        f"(unmutated copy {baseline:.1f} s, total {time.monotonic() - start:.1f} s)"
     )
     if survivors:
         print(f"SURVIVED: {survivors}")
