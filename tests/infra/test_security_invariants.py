@@ -59,12 +59,15 @@ STAR_RESOURCE_ACTIONS: dict[str, str] = {
     "ec2:DescribeSubnets": EC2_DESCRIBE,
     "ec2:DescribeSecurityGroups": EC2_DESCRIBE,
 }
-# The one accepted exception: these ENI actions do have resource types in the Service
-# Authorization Reference, but SageMaker's documented execution-role policy for training jobs in a
-# VPC grants them on "*" (https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html,
-# "CreateTrainingJob API: Execution Role Permissions"): SageMaker creates and deletes the job's
-# interfaces itself, at job start and end. Narrowing them (ec2:Subnet / ec2:Vpc conditions) needs
-# a check against a real SageMaker job first; only the SageMaker role may hold them.
+# The one accepted exception. These ENI actions have resource types in the Service Authorization
+# Reference ({SAR}amazonec2.html): CreateNetworkInterface network-interface*, subnet* and
+# security-group; CreateNetworkInterfacePermission and DeleteNetworkInterface network-interface*
+# (with the ec2:Subnet and ec2:Vpc keys); DeleteNetworkInterfacePermission network-interface
+# (optional). SageMaker's documented execution-role policy for training jobs in a VPC grants them
+# on "*" (https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html, "CreateTrainingJob
+# API: Execution Role Permissions"): SageMaker creates and deletes the job's interfaces itself.
+# Narrowing them to the cluster subnet and security group needs a check against a real SageMaker
+# job first; until then only the SageMaker role may hold them.
 SAGEMAKER_ENI_ACTIONS = frozenset(
     {
         "ec2:CreateNetworkInterface",
