@@ -60,7 +60,7 @@ STAR_RESOURCE_ACTIONS: dict[str, str] = {
     "ec2:DescribeSecurityGroups": EC2_DESCRIBE,
 }
 # The one accepted exception. These ENI actions have resource types in the Service Authorization
-# Reference ({SAR}amazonec2.html): CreateNetworkInterface network-interface*, subnet* and
+# Reference (list_amazonec2.html): CreateNetworkInterface network-interface*, subnet* and
 # security-group; CreateNetworkInterfacePermission and DeleteNetworkInterface network-interface*
 # (with the ec2:Subnet and ec2:Vpc keys); DeleteNetworkInterfacePermission network-interface
 # (optional). SageMaker's documented execution-role policy for training jobs in a VPC grants them
