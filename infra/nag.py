@@ -24,7 +24,9 @@ REASON_STAR_REQUIRED = (
     "ecr:GetAuthorizationToken (registry login), ec2:DescribeInstances and "
     "autoscaling:DescribeAutoScalingInstances (peer and data server discovery), "
     "and, for SageMaker, cloudwatch:PutMetricData (scoped by a cloudwatch:namespace condition "
-    "instead) and the EC2 network-interface actions it needs to join the cluster subnet."
+    "instead) and the EC2 Describe* actions it needs to join the cluster subnet. The exception: "
+    "SageMaker's four network-interface actions, which AWS documents on '*' for training jobs "
+    "in a VPC although they have resource types (docs/security.md)."
 )
 REASON_CHECKPOINT_PREFIX = (
     "Object access is limited to the checkpoint prefix of this cluster's own bucket; the "
