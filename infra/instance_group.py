@@ -179,7 +179,7 @@ def user_data_script(
         "--network host --ipc host "
         f"--ulimit memlock=-1 --ulimit stack=67108864 {gpu_flags}$EFA_DEVICES"
         '-v "$HOST_SPEC_DIR:$HOST_SPEC_DIR:ro" '
-        f"{env_flags} "
+        f'{env_flags} -e {aws_tags.ENV_INSTANCE_ID}="$INSTANCE_ID" '
         "--log-driver awslogs "
         f"--log-opt awslogs-region={region} "
         f"--log-opt awslogs-group={log_group_name} "

@@ -31,6 +31,9 @@ ENV_ASG_NAMES: Final = "HETERO_ASG_NAMES"
 ENV_LIFECYCLE_HOOK: Final = "HETERO_LIFECYCLE_HOOK"
 """Name of the groups' termination lifecycle hook: the launcher completes it after the
 checkpoint that an Auto Scaling termination asked for."""
+ENV_INSTANCE_ID: Final = "HETERO_INSTANCE_ID"
+"""This instance's id, which the boot read from IMDS: a launcher that cannot reach IMDS later
+can still name its instance to take it out of service (``early_exit``)."""
 LIFECYCLE_HOOK_NAME: Final = "hetero-checkpoint"
 """The termination lifecycle hook's name on every group of the stack."""
 ENV_REGION: Final = "AWS_DEFAULT_REGION"

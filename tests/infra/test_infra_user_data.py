@@ -170,6 +170,7 @@ def _expected_run(image: str, group: str, trainer: bool) -> list[str]:
     ]
     if trainer:
         env.append("HETERO_LIFECYCLE_HOOK=hetero-checkpoint")
+    env.append(f"HETERO_INSTANCE_ID={INSTANCE_ID}")  # as the boot read it from IMDS
     return [
         "run", "--detach", "--restart", "on-failure:5", "--name", "hetero",
         "--network", "host", "--ipc", "host",

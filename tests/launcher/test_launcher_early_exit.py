@@ -118,7 +118,7 @@ def test_past_the_budget_the_job_ends_failed_with_every_group_at_zero(
     assert outcome["outcome"] == "failed"
     assert outcome["by"] == INSTANCE
     assert outcome["reason"] == (
-        "4 instances could not start the launcher's job loop, past the budget of 3 "
+        "4 instances never reached the launcher's job loop, past the budget of 3 "
         f"replacements; the last, {INSTANCE} (dataprep): job pointer: /hetero/vit/job not found"
     )
     assert len(record.replaced()) == 4
@@ -237,6 +237,49 @@ def test_launch_with_an_unreadable_job_pointer_takes_its_instance_out_of_service
     assert replaced[INSTANCE]["group"] == "dataprep"
     assert replaced[INSTANCE]["reason"].startswith("job pointer: ")
     assert json.loads((record_dir / "job" / "replaced" / f"{INSTANCE}.json").read_text())
+
+
+def test_with_imds_unreachable_the_boots_instance_id_takes_the_instance_out_of_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IMDS does not answer the launcher (it answered the boot, which passed the instance id on
+    in HETERO_INSTANCE_ID): the launcher still names its instance, counts it and marks it
+    Unhealthy, instead of exiting for Docker to restart it until the restarts run out."""
+    import socket
+
+    from moto import mock_aws
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(SPEC)
+    record_dir = tmp_path / "record"
+    for k, v in {
+        "HETERO_ASG_NAMES": ",".join(GROUPS),
+        "HETERO_CHECKPOINT_URI": str(record_dir),
+        "HETERO_CLUSTER": "vit",
+        "HETERO_INSTANCE_ID": INSTANCE,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("HETERO_JOB_PARAMETER", raising=False)
+    calls: list[str] = []
+    monkeypatch.setattr(early_exit, "set_unhealthy", lambda c, i: calls.append(i) or True)
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    args = parser.parse_args(
+        ["--spec", str(spec), "--group", "dataprep", "--backend", "ec2", "--imds-url", closed,
+         "--imds-timeout", "0.2"]
+    )  # fmt: skip
+    with mock_aws():
+        code = launch.run(args)
+    assert code == launch.EXIT_PEERS
+    assert calls == [INSTANCE]
+    replaced = JobRecord(str(record_dir)).replaced()
+    assert list(replaced) == [INSTANCE] and replaced[INSTANCE]["reason"].startswith("IMDS: ")
 
 
 def test_a_local_launch_never_touches_auto_scaling(

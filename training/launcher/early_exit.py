@@ -41,6 +41,20 @@ REPLACEMENT_BUDGET = 3
 loop (``hetero launch --replacement-budget``); one more ends the job ``failed``."""
 
 
+def past_budget(
+    replaced: Mapping[str, Any], budget: int, *, last: str, group: str | None, why: str
+) -> str | None:
+    """The reason to end the job when the instances taken out of service (``replaced``: the job
+    record's ``replaced/``, early exits and failed boots alike) are more than ``budget``; else
+    None. ``last`` is the instance counted last, ``why`` what happened to it."""
+    if len(replaced) <= budget:
+        return None
+    return (
+        f"{len(replaced)} instances never reached the launcher's job loop, past the budget "
+        f"of {budget} replacements; the last, {last} ({group or 'group unknown'}): {why}"
+    )
+
+
 def deployed(environ: Mapping[str, str]) -> bool:
     """Whether the stack deployed this launcher (it names the cluster's Auto Scaling groups)."""
     return bool(job_end.asg_names_from_env(environ))
@@ -99,11 +113,12 @@ def leave_service(
         except Exception as e:  # Still take the instance out of service below.
             log.error("could not count this replacement in %s: %s", record.location, e)
     ended = False
-    if replaced is not None and len(replaced) > budget:
-        reason = (
-            f"{len(replaced)} instances could not start the launcher's job loop, past the "
-            f"budget of {budget} replacements; the last, {instance_id} ({group}): {why}"
-        )
+    reason = (
+        past_budget(replaced, budget, last=instance_id, group=group, why=why)
+        if replaced is not None
+        else None
+    )
+    if reason is not None:
         log.error("%s: ending the job as failed", reason)
         try:
             job_end.end_job(

@@ -54,7 +54,9 @@ from typing import Any
 import psutil
 
 from training.launcher import job_end, roles
+from training.launcher.boot_watch import BootWatch
 from training.launcher.budget import ENV_DEADLINE, Budget, job_started, parse_started
+from training.launcher.early_exit import REPLACEMENT_BUDGET
 from training.launcher.group import GroupIdentity
 from training.launcher.imds import ImdsClient
 from training.launcher.jobparam import JobPointer, JobWatch
@@ -110,10 +112,15 @@ class LoopSettings:
     imds_url: str = ""
     imds_timeout_s: float = 1.0
     heartbeat_s: float = 30.0
+    """How often a running host puts its state and last metrics into the job record (and looks
+    at what the watches look at: failed boots, trainers that are gone)."""
     no_trainer_timeout_s: float = NO_TRAINER_TIMEOUT_S
     """A data server ends the job as failed when no trainer host has written to the job record
     for this long (``trainer_watch``; checked at each heartbeat)."""
-    """How often a running host puts its state and last metrics into the job record."""
+    replacement_budget: int = REPLACEMENT_BUDGET
+    """Instances per job taken out of service before their job loop (a launcher that could not
+    start it, a boot that gave up); one more ends the job failed (``early_exit``,
+    ``boot_watch``)."""
     subreaper: bool = True
     """Adopt the role's orphaned descendants (Linux), so none outlives the launcher."""
     job_poll_s: float = 30.0
@@ -188,8 +195,20 @@ class Ec2Job:
             if record is not None and self.group.role is not Role.TRAINER and trainer_groups
             else None
         )
-        self.no_trainer: str | None = None
-        """Why this data server ended the job (no live trainer host), once it did."""
+        self.boot_watch = (
+            BootWatch(
+                ec2,
+                identity.cluster or spec.name,
+                record,
+                budget=settings.replacement_budget,
+                job_started=self._job_start,
+            )
+            if record is not None
+            else None
+        )
+        self.watch_ended: str | None = None
+        """Why a watch of this host ended the job (no live trainer host, failed boots past the
+        budget), once one did."""
         self.failures = 0
         self.generation = 0
         self.ended_job = False
@@ -375,7 +394,7 @@ class Ec2Job:
                 return self._end_for_budget()
             self.generation += 1
             result = self._run_generation(membership)
-            if self.no_trainer is not None:
+            if self.watch_ended is not None:
                 return EXIT_FAILED
             if self.signals.leaving:
                 if (
@@ -525,21 +544,24 @@ class Ec2Job:
         """While the role runs: this host's state and the trainer's last metrics line."""
         while not done.wait(self.settings.heartbeat_s):
             self._set_host(state="running", members=members, metrics=_last_metrics(self.run_dir))
-            if self._no_live_trainer():
+            if self._watches_end_job():
                 return
 
-    def _no_live_trainer(self) -> bool:
-        """A data server with no live trainer host for the bounded time (``trainer_watch``) ends
-        the job as failed, every group to zero, and stops its servers."""
-        if self.trainer_watch is None or self.no_trainer is not None:
+    def _watches_end_job(self) -> bool:
+        """Failed boots past the replacement budget (``boot_watch``, every host) or, on a data
+        server, no live trainer host for the bounded time (``trainer_watch``) end the job as
+        failed, every group to zero, and stop this host's role."""
+        if self.watch_ended is not None:
             return False
-        reason = self.trainer_watch.check()
+        reason = self.boot_watch.check() if self.boot_watch is not None else None
+        if reason is None and self.trainer_watch is not None:
+            reason = self.trainer_watch.check()
         if reason is None:
             return False
         log.error("%s: ending the job", reason)
         if not self._end(Outcome.FAILED, reason):
-            return False  # another job began: its own watch starts over
-        self.no_trainer = reason
+            return False  # another job began: its own watches start over
+        self.watch_ended = reason
         with self.signals.lock:
             sup = self.signals.supervisor
         if sup is not None:
@@ -548,11 +570,9 @@ class Ec2Job:
 
     # -- budget ------------------------------------------------------------------------------
 
-    def _budget_elapsed(self) -> float | None:
-        """Seconds since the job started (``budget.job_started``); None without a cap, or when
-        the start cannot be known (no job record and no pointer time: logged, no cap applies)."""
-        if not self.budget.capped:
-            return None
+    def _job_start(self) -> float | None:
+        """When the job started (``budget.job_started``: the pointer's time, else the record's,
+        written by the first host to ask), once known; None while it cannot be read (logged)."""
         if self._started is None:
             pointer_started = self.job_watch.pointer.started if self.job_watch else None
             try:
@@ -560,13 +580,21 @@ class Ec2Job:
                     self._started = parse_started(pointer_started)
                 else:
                     self._started = job_started(self.record, pointer_started)
-            except Exception as e:  # S3 unreachable: try again at the next generation.
-                log.warning("could not read the job's start for its budget: %s", e)
+            except Exception as e:  # S3 unreachable: try again next time.
+                log.warning("could not read the job's start: %s", e)
                 return None
-            if self._started is None:
-                log.warning("the job's start is unknown (no job record): its budget is not kept")
-                return None
-        return time.time() - self._started
+        return self._started
+
+    def _budget_elapsed(self) -> float | None:
+        """Seconds since the job started; None without a cap, or when the start cannot be known
+        (no job record and no pointer time: logged, no cap applies)."""
+        if not self.budget.capped:
+            return None
+        started = self._job_start()
+        if started is None:
+            log.warning("the job's start is unknown (no job record): its budget is not kept")
+            return None
+        return time.time() - started
 
     def _budget_spent(self) -> bool:
         elapsed = self._budget_elapsed()
@@ -751,4 +779,6 @@ def default_settings(args: Any) -> LoopSettings:
         imds_timeout_s=args.imds_timeout,
         job_poll_s=args.job_poll,
         no_trainer_timeout_s=args.no_trainer_timeout,
+        heartbeat_s=args.heartbeat,
+        replacement_budget=args.replacement_budget,
     )

@@ -48,6 +48,7 @@ from training.launcher.names import (
     ENV_CHECKPOINT_URI,
     ENV_CLUSTER,
     ENV_GROUP,
+    ENV_INSTANCE_ID,
     ENV_LIFECYCLE_HOOK,
     ENV_REGION,
     ENV_SPEC,
@@ -167,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=NO_TRAINER_TIMEOUT_S,
         help="EC2, data servers: seconds without any trainer host in the job record before the "
         "job ends as failed",
+    )
+    parser.add_argument(
+        "--heartbeat",
+        type=float,
+        default=30.0,
+        help="EC2: seconds between a running host's writes of its state to the job record, and "
+        "its checks for failed boots (and, on a data server, for live trainers)",
     )
     parser.add_argument(
         "--restart-backoff",
@@ -448,8 +456,12 @@ def _cannot_start(
         except ImdsError:
             return None
 
-    instance_id = (identity.instance_id if identity else None) or imds_get(
-        "/latest/meta-data/instance-id"
+    # IMDS first; else the id the boot read from IMDS and gave the container.
+    instance_id = (
+        (identity.instance_id if identity else None)
+        or imds_get("/latest/meta-data/instance-id")
+        or os.environ.get(ENV_INSTANCE_ID, "").strip()
+        or None
     )
     region = (identity.region if identity else None) or os.environ.get(ENV_REGION) or None
     # The job record as far as this host knows it: the job pointer's folder is not known when

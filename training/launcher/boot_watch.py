@@ -1,0 +1,128 @@
+"""Failed boots, counted by the launchers that did start, against the job's replacement budget.
+
+A boot that gives up never starts a launcher, so it cannot count itself (the dataprep AMI has no
+AWS CLI, and the image may be what failed). Its user data shuts the instance down from the OS
+(``shutdown -h now`` in the EXIT trap); the launch template's InstanceInitiatedShutdownBehavior
+``terminate`` makes EC2 terminate it, and its Auto Scaling group launches a replacement. EC2
+records that end as the state reason ``Client.InstanceInitiatedShutdown`` ("The instance was shut
+down from the operating system of the instance":
+https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html), and
+``DescribeInstances`` filters on it (``state-reason-code``) for as long as it lists the terminated
+instance (about an hour:
+https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html).
+
+Every launcher of the job looks at each heartbeat: the cluster's instances that ended that way and
+launched after the job started (less ``LAUNCH_SLACK_S``: the first instances launch before the
+first launcher writes the job's start) are written to the job record's ``replaced/``, the count a
+launcher that cannot start its loop adds to (``early_exit``). Past the budget the job ends
+``failed``. Nothing else on the instances ends that way: the job's own terminations (Spot, the
+groups scaled to zero, ``SetInstanceHealth``) go through the EC2 and Auto Scaling APIs.
+
+The limit: it counts while at least one launcher of the job runs. A job whose every boot fails
+(e.g. an image that cannot be pulled) has nobody to count; ``docs/launcher.md`` says how that
+shows and what stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from training.aws_tags import TAG_CLUSTER, TAG_GROUP
+from training.launcher.early_exit import past_budget
+from training.launcher.jobrecord import JobRecord
+
+log = logging.getLogger(__name__)
+
+INSTANCE_INITIATED_SHUTDOWN = "Client.InstanceInitiatedShutdown"
+"""EC2's state reason for an instance shut down from its own operating system."""
+LAUNCH_SLACK_S = 900.0
+"""Instances launched up to this long before the job's recorded start still count as the job's
+(a boot, a pull of the image and the launcher's start come before the first record write)."""
+BOOT_REASON = "its boot gave up and shut the instance down (EC2: Client.InstanceInitiatedShutdown)"
+
+
+@dataclass(frozen=True)
+class FailedBoot:
+    instance_id: str
+    group: str | None
+    launched: float
+    """Launch time, epoch seconds."""
+
+
+def failed_boots(ec2: Any, cluster: str, *, since: float) -> list[FailedBoot]:
+    """The cluster's instances shut down from their own OS, launched at ``since`` or later,
+    oldest first."""
+    found: list[FailedBoot] = []
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]},
+            {"Name": "state-reason-code", "Values": [INSTANCE_INITIATED_SHUTDOWN]},
+            {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]},
+        ]
+    )
+    for page in pages:
+        for reservation in page.get("Reservations", []):
+            for inst in reservation.get("Instances", []):
+                launched = inst["LaunchTime"].timestamp()
+                if launched < since:
+                    continue
+                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                found.append(FailedBoot(inst["InstanceId"], tags.get(TAG_GROUP), launched))
+    return sorted(found, key=lambda b: (b.launched, b.instance_id))
+
+
+class BootWatch:
+    """``check()`` counts failed boots not counted yet and returns the reason to end the job once
+    the job record's ``replaced/`` is past ``budget``; None otherwise (and while the job's start,
+    EC2 or the record cannot be read: no decision without them)."""
+
+    def __init__(
+        self,
+        ec2: Any,
+        cluster: str,
+        record: JobRecord,
+        *,
+        budget: int,
+        job_started: Callable[[], float | None],
+    ) -> None:
+        self.ec2 = ec2
+        self.cluster = cluster
+        self.record = record
+        self.budget = budget
+        self.job_started = job_started
+        self._counted: set[str] = set()
+
+    def check(self) -> str | None:
+        started = self.job_started()
+        if started is None:
+            return None
+        try:
+            boots = failed_boots(self.ec2, self.cluster, since=started - LAUNCH_SLACK_S)
+        except Exception as e:
+            log.warning("could not list the cluster's failed boots: %s", e)
+            return None
+        new = [b for b in boots if b.instance_id not in self._counted]
+        if not new:
+            return None
+        try:
+            for boot in new:
+                self.record.mark_replaced(boot.instance_id, group=boot.group, reason=BOOT_REASON)
+                self._counted.add(boot.instance_id)
+                log.warning(
+                    "instance %s (%s): %s; counted in the job record's replaced/",
+                    boot.instance_id, boot.group, BOOT_REASON,
+                )  # fmt: skip
+            replaced = self.record.replaced()
+        except Exception as e:
+            log.warning("could not count failed boots in %s: %s", self.record.location, e)
+            return None
+        last = new[-1]
+        reason = past_budget(
+            replaced, self.budget, last=last.instance_id, group=last.group, why=BOOT_REASON
+        )
+        if reason is None:
+            log.info("replacements so far: %d of %d for this job", len(replaced), self.budget)
+        return reason
