@@ -56,6 +56,16 @@ def test_max_seconds_stops_with_75_and_a_durable_checkpoint_of_the_last_step(
     assert (tmp_path / "checkpoints" / f"step-{outcome.step}" / MARKER).is_file()
 
 
+def test_time_running_out_on_the_last_step_still_finishes(tmp_path: Path) -> None:
+    """The budget's deadline passed before the last step: the run has done every planned step,
+    so it is finished (exit 0), not stopped (a resumed job would have nothing left to do)."""
+    code, outcome = run_main(tmp_path, "--max-seconds", "0.001", steps=2)
+    assert code == EXIT_STOPPED and outcome.step == 1  # out of time before step 2
+    code, outcome = run_main(tmp_path, "--max-seconds", "0.001", steps=2)
+    assert code == EXIT_FINISHED  # step 2 is the last: it runs and the run finishes
+    assert (outcome.outcome, outcome.step, outcome.checkpoint_step) == (Outcome.FINISHED, 2, 2)
+
+
 def test_a_bad_configuration_exits_2_with_a_failed_outcome(tmp_path: Path) -> None:
     code, outcome = run_main(tmp_path, "--steps", "0")
     assert code == EXIT_CONFIG
