@@ -73,6 +73,8 @@ def test_groups_replace_terminated_instances_and_scale_to_zero(
     aws.terminate_in_group(second, decrement=False)  # replaced too
     assert len(running("trainer")) == 2 and second not in running("trainer")
 
+    assert aws.max_size(names.asg_names["trainer"]) == 2  # MaxSize = count, as the stack
+    aws.set_max_size(names.asg_names["trainer"], 3)  # Capacity Rebalancing goes over it
     aws.set_desired_capacity(names.asg_names["trainer"], 3)  # Capacity Rebalancing's extra
     assert len(running("trainer")) == 3
     aws.terminate_in_group(running("trainer")[0], decrement=True)  # not replaced
@@ -94,3 +96,36 @@ def test_reset_starts_from_nothing(aws: AwsEmulator, small_spec: Path) -> None:
     assert aws.instances("tiny") == []
     names = aws.provision(load_spec(small_spec))  # the same names again: no conflict
     assert len(aws.instances(names.cluster)) == 3
+
+
+def test_an_os_shutdown_terminates_with_its_state_reason_and_is_replaced(
+    aws: AwsEmulator, small_spec: Path
+) -> None:
+    aws.provision(load_spec(small_spec))
+    first, second = (i.instance_id for i in aws.instances("tiny") if i.group == "trainer")
+    aws.shut_down_from_os(first)
+    aws.terminate_instance(second)
+    reasons = {
+        inst["InstanceId"]: inst["StateReason"]["Code"]
+        for r in aws.client("ec2").describe_instances(InstanceIds=[first, second])["Reservations"]
+        for inst in r["Instances"]
+    }
+    assert reasons == {
+        first: "Client.InstanceInitiatedShutdown",
+        second: "Client.UserInitiatedShutdown",
+    }
+    running = [i for i in aws.instances("tiny") if i.group == "trainer" and i.state == "running"]
+    assert len(running) == 2 and {first, second}.isdisjoint(i.instance_id for i in running)
+
+
+def test_an_instance_marked_unhealthy_is_replaced(aws: AwsEmulator, small_spec: Path) -> None:
+    names = aws.provision(load_spec(small_spec))
+    trainers = [i.instance_id for i in aws.instances("tiny") if i.group == "trainer"]
+    assert aws.replace_unhealthy(names) == []
+    aws.client("autoscaling").set_instance_health(
+        InstanceId=trainers[1], HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
+    )
+    assert aws.replace_unhealthy(names) == [trainers[1]]
+    running = [i.instance_id for i in aws.instances("tiny") if i.state == "running"]
+    assert trainers[0] in running and trainers[1] not in running and len(running) == 3
+    assert aws.replace_unhealthy(names) == []  # once

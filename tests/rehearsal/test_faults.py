@@ -9,6 +9,7 @@ import pytest
 
 from training.rehearsal.faults import (
     INSTANCE_FORM,
+    LAUNCH_FORM,
     OUTAGE_FORM,
     Fault,
     FaultKind,
@@ -187,3 +188,42 @@ def test_the_cli_refuses_bad_faults_before_starting_anything(
     assert main(["rehearse", "--spec", spec, "--out", out, "--kill-in-save", "dataprep:0@6"]) == 2
     assert "kill-in-save needs a trainer group" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "expected"),
+    [
+        ("boot-fail", "trainer:1", Fault(FaultKind.BOOT_FAIL, Trigger(step=0), "trainer", 1)),
+        ("early_exit", "dataprep:*", Fault(FaultKind.EARLY_EXIT, Trigger(step=0), "dataprep")),
+    ],
+)
+def test_launch_faults_parse_an_instance_or_every_instance(
+    kind: str, text: str, expected: Fault
+) -> None:
+    fault = parse_instance_fault(kind, text)
+    assert fault == expected and fault.at_launch
+    assert fault.describe() == f"{expected.kind.value} {text}"
+    assert fault.matches(text.split(":")[0], 1)
+    assert fault.matches("dataprep", 7) is (expected.index is None)
+    assert not fault.matches("other", 1)
+
+
+@pytest.mark.parametrize("text", ["trainer:1@5", "trainer", "trainer:**", "trainer:-1", ""])
+def test_bad_launch_faults_name_the_form(text: str) -> None:
+    with pytest.raises(FaultSyntaxError) as e:
+        parse_instance_fault("boot-fail", text)
+    assert str(e.value) == f"--boot-fail {text!r}: expected {LAUNCH_FORM}"
+
+
+def test_a_scenario_file_lists_launch_faults(tmp_path: Path) -> None:
+    path = tmp_path / "boots.toml"
+    path.write_text('boot-fail = ["trainer:1"]\nearly-exit = "dataprep:*"\n[expect]\n')
+    scenario = load_scenario(path)
+    assert [f.describe() for f in scenario.faults] == [
+        "boot-fail trainer:1",
+        "early-exit dataprep:*",
+    ]
+    spec = load_spec(REPO / "specs" / "rehearsal.toml")
+    assert check_against_spec(scenario.faults, spec) == []
+    problems = check_against_spec([parse_instance_fault("early-exit", "gpu:*")], spec)
+    assert problems == ["early-exit gpu:*: the spec has no group 'gpu' (it has trainer, dataprep)"]

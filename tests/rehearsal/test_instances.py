@@ -15,6 +15,7 @@ import psutil
 
 from training.rehearsal.aws import AwsEmulator
 from training.rehearsal.events import EventLog
+from training.rehearsal.faults import FaultKind
 from training.rehearsal.instances import (
     GroupSimulator,
     InstanceContext,
@@ -152,3 +153,70 @@ def test_launcher_command_and_environment(tmp_path: Path) -> None:
     assert env["HETERO_SAMPLE_LOG_DIR"] == str(tmp_path)
     assert env["HETERO_COLLECTIVE_TIMEOUT_S"] == "20"
     assert env["HETERO_CLUSTER"] == "c" and env["AWS_DEFAULT_REGION"] == "us-east-1"
+
+
+def test_launch_faults_a_boot_that_gives_up_and_a_launcher_without_tags(
+    aws: AwsEmulator, small_spec: Path, tmp_path: Path
+) -> None:
+    names = aws.provision(load_spec(small_spec))
+    events = EventLog(echo=lambda line: None)
+    ctx = InstanceContext(
+        names=names,
+        moto_url=aws.endpoint_url,
+        s3_url=aws.endpoint_url,
+        sample_dir=tmp_path / "samples",
+        run_id=uuid.uuid4().hex,
+    )
+    sim = GroupSimulator(
+        aws=aws,
+        ctx=ctx,
+        spec_path=small_spec,
+        out_dir=tmp_path,
+        events=events,
+        poll_s=0.2,
+        command=stand_in,
+    )
+    hits: list[tuple[str, int, str]] = []
+
+    def launch_fault(group: str, index: int, instance_id: str) -> FaultKind | None:
+        hits.append((group, index, instance_id))
+        if (group, index) == ("trainer", 0):
+            return FaultKind.BOOT_FAIL
+        return FaultKind.EARLY_EXIT if (group, index) == ("dataprep", 0) else None
+
+    sim.launch_fault = launch_fault
+    sim.start()
+    try:
+        wait_for(lambda: len(sim.runs()) >= 3)
+        t0, d0 = sim.instance("trainer", 0), sim.instance("dataprep", 0)
+        assert t0 is not None and d0 is not None
+        # The failed boot: its stand-in exits 1 without a launcher, EC2 terminates the
+        # instance as an OS shutdown, and the group launches a replacement that boots.
+        wait_for(lambda: t0.terminated and sim.instance("trainer", 2) is not None)
+        assert t0.exit_code == 1 and t0.shut_down and t0.launch_fault is FaultKind.BOOT_FAIL
+        assert "hetero boot: giving up" in (t0.folder / "launcher.log").read_text()
+        (reservation,) = aws.client("ec2").describe_instances(InstanceIds=[t0.instance_id])[
+            "Reservations"
+        ]
+        assert reservation["Instances"][0]["StateReason"]["Code"] == (
+            "Client.InstanceInitiatedShutdown"
+        )
+        t2 = sim.instance("trainer", 2)
+        assert t2 is not None
+        wait_for(lambda: "group trainer" in (t2.folder / "launcher.log").read_text())
+        # The early exit: its metadata has no tags, so reading its group fails.
+        wait_for(lambda: d0.exit_code is not None)
+        assert d0.exit_code == 1 and not d0.terminated
+        assert "HTTP Error 404" in (d0.folder / "launcher.log").read_text()
+        # SetInstanceHealth Unhealthy (what the real launcher calls): Auto Scaling replaces it.
+        aws.client("autoscaling").set_instance_health(
+            InstanceId=d0.instance_id, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
+        )
+        wait_for(lambda: d0.terminated and sim.instance("dataprep", 1) is not None)
+        assert [e.instance for e in events.events("unhealthy-replaced")] == [d0.instance_id]
+    finally:
+        sim.shutdown()
+    assert [(g, i) for g, i, _ in hits] == [
+        ("trainer", 0), ("trainer", 1), ("dataprep", 0), ("trainer", 2), ("dataprep", 1)
+    ]  # fmt: skip
+    assert [e.instance for e in events.events("boot-gave-up")] == [t0.instance_id]

@@ -1,10 +1,12 @@
-"""``hetero rehearse`` of a job that reaches ``job.max_usd``: the real launcher, trainer and data
-servers on emulated instances; the trainer stops with a durable checkpoint, the job record says
-``stopped`` with a ``budget: ...`` reason, every group ends at 0 and nothing is left running.
+"""``hetero rehearse`` of a job that reaches ``job.max_usd``, then ``hetero job start --resume``:
+the real launcher, trainer and data servers on emulated instances, the real ``hetero job start``
+against the emulated AWS (the SSM job pointer, the groups, the job record moved to
+``job-history/``).
 
-The rehearsal runs one job; ``hetero job start --resume`` after the stop (a new job on the same
-checkpoints, with its own clock) is tested at the launcher level with moto in
-``tests/launcher/test_launcher_budget.py``."""
+The capped job stops with a durable checkpoint, its record says ``stopped`` with a
+``budget: ...`` reason and every group goes to 0; the resumed job (a new job, with its own
+clock) picks up from that checkpoint and finishes, with parameters bit-for-bit equal to an
+uncapped run's and every sample exactly once. Nothing is left running."""
 
 from __future__ import annotations
 
@@ -12,53 +14,73 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "specs" / "rehearsal.toml"
 TIMEOUT_S = 420
-STEPS = 24
+STEPS = 2
 # specs/rehearsal.toml prices the cluster at 1.18 USD/h: 0.001 USD is about 3 s from the job's
-# start, which the trainers' start-up (torch, the model) outlasts: each trainer is then given a
-# millisecond and stops after its first step, with a checkpoint, whatever the machine's speed.
+# start, which the trainers' start-up (torch, the model, the rendezvous) outlasts: each job's
+# trainers are given a millisecond and stop after their first step, with a checkpoint, whatever
+# the machine's speed; the step that is the job's last still runs, and that job finishes.
 MAX_USD = 0.001
 
 
-@pytest.mark.timeout(TIMEOUT_S + 200)
-def test_a_job_that_reaches_max_usd_checkpoints_ends_stopped_with_groups_at_zero(
-    tmp_path: Path,
-) -> None:
+def spec(tmp_path: Path, name: str, extra: str = "") -> Path:
     text = SPEC.read_text()
-    assert "\nseed = 0\n" in text
-    spec = tmp_path / "rehearsal-capped.toml"
-    spec.write_text(text.replace("\nseed = 0\n", f"\nseed = 0\nmax_usd = {MAX_USD}\n", 1))
-    scenario = tmp_path / "budget.toml"
-    scenario.write_text('name = "budget"\n[expect]\noutcome = "stopped"\n')
-    out = tmp_path / "rehearsal"
+    assert "\nseed = 0\n" in text and "\nsteps = 24 " in text
+    text = text.replace("\nsteps = 24 ", f"\nsteps = {STEPS} ", 1)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text.replace("\nseed = 0\n", f"\nseed = 0\n{extra}", 1))
+    return path
+
+
+def rehearse(spec_path: Path, out: Path, *args: str) -> dict[str, Any]:
     proc = subprocess.run(
         [
-            sys.executable, "-m", "training.cli", "rehearse", "--spec", str(spec),
-            "--out", str(out), "--timeout", str(TIMEOUT_S), "--no-baseline",
-            "--scenario", str(scenario),
+            sys.executable, "-m", "training.cli", "rehearse", "--spec", str(spec_path),
+            "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
         ],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
     )  # fmt: skip
     context = f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-    report = json.loads((out / "rehearsal.json").read_text())
-    assert proc.returncode == 0, context
-    assert report["failed_invariants"] == [], context
-    assert report["outcome"] == "stopped", context
-    record = report["job_record"]
-    assert record["reason"].startswith(f"budget: max_usd {MAX_USD:g} reached ("), record
-    assert record["reason"].endswith("continue with hetero job start --resume")
-    # Stopped before the end, with the stop's checkpoint durable in S3 and complete.
-    assert 0 < report["final_step"] < STEPS, context
-    final = report["final_checkpoint"]
-    assert final["step"] == report["final_step"] and final["matches_final_step"] is True
-    assert report["final_step"] in final["complete_steps_in_s3"]
-    # Every sample up to the stop was used at most once.
-    assert all(e["repeated"] == 0 for e in report["samples"]), report["samples"]
+    report: dict[str, Any] = json.loads((out / "rehearsal.json").read_text())
+    assert proc.returncode == 0 and report["failed_invariants"] == [], context
+    return report
+
+
+@pytest.mark.timeout(2 * TIMEOUT_S + 200)
+def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_uncapped(
+    tmp_path: Path,
+) -> None:
+    baseline = tmp_path / "uncapped"
+    uncapped = rehearse(spec(tmp_path, "uncapped"), baseline, "--no-baseline")
+    assert uncapped["outcome"] == "finished" and uncapped["stopped_jobs"] == []
+
+    capped_spec = spec(tmp_path, "capped", f"max_usd = {MAX_USD}\n")
+    report = rehearse(
+        capped_spec, tmp_path / "capped", "--baseline", str(baseline), "--resume-stopped", "3"
+    )
+    stopped = report["stopped_jobs"]
+    assert len(stopped) == 1, stopped  # the first job stops after step 1, the second finishes
+    (first,) = stopped
+    assert first["outcome"] == "stopped" and first["step"] == 1
+    assert first["reason"].startswith(f"budget: max_usd {MAX_USD:g} reached (")
+    assert first["reason"].endswith("continue with hetero job start --resume")
+    # The resumed job ran the real `hetero job start --resume`, read its new pointer and resumed
+    # from the stopped job's checkpoint.
+    (start,) = [e for e in report["events"] if e["kind"] == "job-start"]
+    assert "(resumes job d-" in start["message"] and "record: moved to s3://" in start["message"]
+    assert report["resumed_from_steps"] == [1]
+    assert report["outcome"] == "finished"
+    assert report["job_record"]["reason"] == "training finished"
+    assert report["final_step"] == STEPS
+    assert all(e["lost"] == 0 and e["repeated"] == 0 for e in report["samples"])
+    assert report["params_equal_uninterrupted"] is True, report["params_comparison"]
+    assert report["invariants"]["params_equal"]["ok"]
     assert set(report["groups_desired_at_end"].values()) == {0}
     assert report["instances_running_at_end"] == []
     assert report["processes_left"] == []

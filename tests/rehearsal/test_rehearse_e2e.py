@@ -198,3 +198,68 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(
     assert cut["partial_at_kill"] is True, cut  # the kill landed inside the write
     assert cut["newest_complete_at_kill"] == cut["cut_step"] - INTERVAL, cut
     assert report["resumed_from_steps"][0] == cut["newest_complete_at_kill"], report["resumes"]
+
+
+@pytest.mark.timeout(TIMEOUT_S + 200)
+def test_a_failed_boot_and_an_early_launcher_exit_are_replaced_and_the_job_finishes(
+    baseline: Path, tmp_path: Path
+) -> None:
+    """Issue 18: an instance whose boot gives up and one whose launcher cannot start its loop
+    leave service, their groups replace them, and the job is as if nothing happened."""
+    out = tmp_path / "rehearsal"
+    scenario = Path(__file__).parent / "scenarios" / "failed-boot-early-exit.toml"
+    proc, report = rehearse(out, "--scenario", str(scenario), "--baseline", str(baseline))
+    assert_clean_end(proc, report)
+    assert_exactly_once_and_equal(report)
+    fates = {(f["group"], f["index"], f["fault"]): f for f in report["launch_faults"]}
+    assert set(fates) == {("trainer", 1, "boot-fail"), ("dataprep", 0, "early-exit")}
+    boot, early = fates[("trainer", 1, "boot-fail")], fates[("dataprep", 0, "early-exit")]
+    assert boot["shut_down_from_os"] is True and boot["exit_code"] == 1
+    # Auto Scaling may terminate it before its launcher exits: its exit code is not a fact.
+    assert early["shut_down_from_os"] is False
+    for fate in (boot, early):
+        assert fate["replaced_by"] is not None and fate["left_service_s"] < 30
+    # Counted where every host sees it: the boot by a launcher that ran, the exit by itself.
+    assert report["replaced_in_record"] == sorted([boot["instance"], early["instance"]])
+    logs = instance_logs(out)
+    assert f"marked instance {early['instance']} Unhealthy" in logs[early["instance"]]
+    assert "hetero boot: giving up" in logs[boot["instance"]]
+    assert "training.launcher" not in logs[boot["instance"]]  # no launcher ever ran there
+
+
+@pytest.mark.timeout(TIMEOUT_S + 200)
+@pytest.mark.parametrize(
+    ("scenario_name", "fault", "why"),
+    [
+        ("every-trainer-exits-early", "early-exit", "no instance group: "),
+        (
+            "every-trainer-boot-fails",
+            "boot-fail",
+            "its boot gave up and shut the instance down (EC2: Client.InstanceInitiatedShutdown)",
+        ),
+    ],
+)
+def test_every_trainer_instance_failing_before_its_loop_ends_the_job_past_the_budget(
+    tmp_path: Path, scenario_name: str, fault: str, why: str
+) -> None:
+    """Issue 18: instances that never reach the job loop are replaced within the job's budget
+    of 3; the fourth ends the job failed, every group at 0 and nothing left running."""
+    out = tmp_path / "rehearsal"
+    scenario = Path(__file__).parent / "scenarios" / f"{scenario_name}.toml"
+    proc, report = rehearse(out, "--scenario", str(scenario), "--no-baseline")
+    assert proc.returncode == 0, context(proc)  # the scenario expects the failure
+    assert_clean_end(proc, report, outcome="failed")
+    reason = report["job_record"]["reason"]
+    m = re.match(
+        r"^(\d+) instances never reached the launcher's job loop, past the budget of 3 "
+        r"replacements; the last, i-[0-9a-f]+ \((trainer|group unknown)\): ",
+        reason,
+    )
+    assert m is not None and why in reason, reason
+    trainers = [f for f in report["launch_faults"] if f["group"] == "trainer"]
+    assert all(f["fault"] == fault for f in trainers)
+    counted = report["replaced_in_record"]
+    # Past the budget: at least 4 counted (hosts that count at once may both count a fifth).
+    assert 4 <= int(m[1]) <= len(counted) <= len(trainers), (reason, counted)
+    assert set(counted) <= {f["instance"] for f in trainers}
+    assert report["final_step"] == 0  # no trainer ever trained

@@ -6,16 +6,18 @@ this process; ``provision(spec)`` creates what the cluster stack creates for one
 - a VPC ``127.0.0.0/16`` with one subnet ``127.0.1.0/24``: moto gives instances private IPs
   127.0.1.4, .5, ... in launch order, real loopback addresses every process can bind;
 - per instance group a launch template (IMDSv2 required, instance metadata tags on) and an Auto
-  Scaling group named ``training.aws_tags.asg_name(cluster, group)`` with MinSize =
+  Scaling group named ``training.aws_tags.asg_name(cluster, group)`` with MinSize = MaxSize =
   DesiredCapacity = count, tagged ``hetero:cluster``, ``hetero:group`` and ``hetero:role`` with
   PropagateAtLaunch, and a termination lifecycle hook ``hetero-checkpoint``;
-- the checkpoint bucket.
+- the checkpoint bucket;
+- given the spec's text, the job pointer (SSM), as ``infra/job.py`` writes it.
 
 moto's Auto Scaling launches instances when the desired capacity grows, replaces an instance
 terminated with ``TerminateInstances`` or ``TerminateInstanceInAutoScalingGroup`` (without
 decrementing), and terminates every instance when the desired capacity goes to 0. What moto does
 not do: ``CompleteLifecycleAction`` (it answers HTTP 500), Terminating:Wait (terminations are
-immediate), Spot markets, capacity rebalancing (``injector`` emulates it).
+immediate), Spot markets, capacity rebalancing (``injector`` emulates it), replacing an instance
+marked Unhealthy (``replace_unhealthy``), an OS shutdown (``shut_down_from_os``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,10 @@ from training.aws_tags import (
     TAG_GROUP,
     TAG_ROLE,
     asg_name,
+    job_parameter_name,
 )
+from training.launcher.boot_watch import INSTANCE_INITIATED_SHUTDOWN
+from training.launcher.jobparam import JobPointer, deployed_job_id
 from training.launcher.jobrecord import read_s3_object
 from training.spec import ClusterSpec
 
@@ -64,6 +69,8 @@ class ClusterNames:
     asg_names: dict[str, str]
     """Group name -> Auto Scaling group name."""
     lifecycle_hook: str = LIFECYCLE_HOOK
+    job_parameter: str | None = None
+    """The SSM job pointer's name, when ``provision`` was given the spec's text."""
 
     @property
     def checkpoint_uri(self) -> str:
@@ -153,9 +160,12 @@ class AwsEmulator:
 
     # -- what the stack creates --------------------------------------------------------------
 
-    def provision(self, spec: ClusterSpec) -> ClusterNames:
+    def provision(self, spec: ClusterSpec, spec_text: str | None = None) -> ClusterNames:
         """VPC, subnet, launch templates, Auto Scaling groups (which launch the instances),
-        lifecycle hooks and the checkpoint bucket for ``spec``."""
+        lifecycle hooks and the checkpoint bucket for ``spec``; with ``spec_text``, also the job
+        pointer the stack writes (SSM ``/hetero/<cluster>/job``, the deployed job
+        ``d-<spec hash>``), whose checkpoints are the rehearsal's checkpoint prefix, so that
+        ``hetero job start`` works as on a deployed cluster."""
         ec2, autoscaling, s3 = self.client("ec2"), self.client("autoscaling"), self.client("s3")
         vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
         subnet = ec2.create_subnet(
@@ -189,7 +199,7 @@ class AwsEmulator:
                 AutoScalingGroupName=name,
                 LaunchTemplate={"LaunchTemplateName": template, "Version": "$Latest"},
                 MinSize=group.count,
-                MaxSize=2 * group.count,  # room for Capacity Rebalancing's early replacements
+                MaxSize=group.count,  # as the stack: ``hetero job start`` checks it
                 DesiredCapacity=group.count,
                 VPCZoneIdentifier=subnet,
                 Tags=[
@@ -211,13 +221,19 @@ class AwsEmulator:
                 DefaultResult="CONTINUE",
             )
             names[group.name] = name
-        return ClusterNames(
+        cluster = ClusterNames(
             cluster=spec.name,
             region=self.region,
             bucket=bucket,
             checkpoint_prefix=f"{CHECKPOINT_PREFIX}/{spec.name}/",
             asg_names=names,
         )
+        if spec_text is None:
+            return cluster
+        parameter = job_parameter_name(spec.name)
+        pointer = JobPointer(deployed_job_id(spec_text), cluster.checkpoint_uri)
+        self.client("ssm").put_parameter(Name=parameter, Value=pointer.to_json(), Type="String")
+        return replace(cluster, job_parameter=parameter)
 
     # -- what the rehearsal reads and does ---------------------------------------------------
 
@@ -256,6 +272,17 @@ class AwsEmulator:
             AutoScalingGroupName=asg, DesiredCapacity=desired
         )
 
+    def max_size(self, asg: str) -> int:
+        (group,) = self.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[asg]
+        )["AutoScalingGroups"]
+        return int(group["MaxSize"])
+
+    def set_max_size(self, asg: str, max_size: int) -> None:
+        self.client("autoscaling").update_auto_scaling_group(
+            AutoScalingGroupName=asg, MaxSize=max_size
+        )
+
     def terminate_instance(self, instance_id: str) -> None:
         """EC2 TerminateInstances (the Auto Scaling group then launches a replacement)."""
         self.client("ec2").terminate_instances(InstanceIds=[instance_id])
@@ -265,6 +292,43 @@ class AwsEmulator:
         self.client("autoscaling").terminate_instance_in_auto_scaling_group(
             InstanceId=instance_id, ShouldDecrementDesiredCapacity=decrement
         )
+
+    def shut_down_from_os(self, instance_id: str) -> None:
+        """What EC2 does with ``shutdown -h now`` on an instance whose launch template says
+        InstanceInitiatedShutdownBehavior ``terminate`` (the boot's give-up point): the instance
+        terminates with the state reason ``Client.InstanceInitiatedShutdown``, and its group
+        launches a replacement. moto has no OS to shut down: the termination goes through its
+        API (so its Auto Scaling replaces the instance) and the state reason is set in its
+        backend, which runs in this process."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.instances import StateReason
+
+        self.terminate_instance(instance_id)
+        instance = ec2_backends[DEFAULT_ACCOUNT_ID][self.region].get_instance(instance_id)
+        instance.state_reason = StateReason(
+            f"{INSTANCE_INITIATED_SHUTDOWN}: Instance initiated shutdown",
+            INSTANCE_INITIATED_SHUTDOWN,
+        )
+
+    def replace_unhealthy(self, names: ClusterNames) -> list[str]:
+        """Auto Scaling's part of ``SetInstanceHealth``: an InService instance marked Unhealthy
+        is terminated and replaced (moto records the health status and does nothing more).
+        Returns the instances terminated."""
+        autoscaling = self.client("autoscaling")
+        groups = set(names.asg_names.values())
+        replaced: list[str] = []
+        pages = autoscaling.get_paginator("describe_auto_scaling_instances").paginate()
+        for page in pages:
+            for inst in page.get("AutoScalingInstances", []):
+                if (
+                    inst["AutoScalingGroupName"] in groups
+                    and inst["HealthStatus"].upper() == "UNHEALTHY"
+                    and inst["LifecycleState"] == "InService"
+                ):
+                    self.terminate_in_group(inst["InstanceId"], decrement=False)
+                    replaced.append(inst["InstanceId"])
+        return replaced
 
     def read_object(self, bucket: str, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist (404, or a 403 whose exact-key

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from training.rehearsal.faults import (
     INSTANCE_FORM,
+    LAUNCH_FORM,
     OUTAGE_FORM,
     FaultKind,
     FaultSyntaxError,
@@ -36,6 +37,13 @@ _FAULT_HELP = {
     f"{SAVE_WATCH_S:g} s)",
     FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",
 }
+_LAUNCH_FAULT_HELP = {
+    FaultKind.BOOT_FAIL: "the instance's boot gives up: no launcher starts, the OS shuts it down "
+    "and EC2 terminates it (the launchers that run count it against the replacement budget)",
+    FaultKind.EARLY_EXIT: "the instance's launcher exits before its job loop (its metadata has "
+    "no tags, so it cannot find its group): SetInstanceHealth Unhealthy, or past the "
+    "replacement budget the job ends failed",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=[],
             metavar="GROUP:INDEX@STEP",
             help=text,
+        )
+    for kind, text in _LAUNCH_FAULT_HELP.items():
+        parser.add_argument(
+            f"--{kind.value}",
+            action="append",
+            default=[],
+            metavar="GROUP:INDEX",
+            help=f"{text} ({LAUNCH_FORM})",
         )
     parser.add_argument(
         "--s3-outage",
@@ -79,6 +95,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the launchers' restart budget (hetero launch --restart-budget; default: the "
         "launcher's own, 3)",
+    )
+    parser.add_argument(
+        "--replacement-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the launchers' replacement budget (hetero launch --replacement-budget; default: "
+        "the launcher's own, 3)",
+    )
+    parser.add_argument(
+        "--resume-stopped",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when the job ends stopped (job.max_usd / job.max_hours), continue it with "
+        "`hetero job start --resume`, at most N times (default 0: the rehearsal ends there)",
     )
     parser.add_argument(
         "--notice-seconds",
@@ -132,9 +164,13 @@ def run(args: argparse.Namespace) -> int:
     if notice < 0:
         print("hetero rehearse: --notice-seconds must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
-    if args.restart_budget is not None and args.restart_budget < 0:
-        print("hetero rehearse: --restart-budget must be 0 or more", file=sys.stderr)
+    if args.resume_stopped < 0:
+        print("hetero rehearse: --resume-stopped must be 0 or more", file=sys.stderr)
         return EXIT_USAGE
+    for flag in ("restart_budget", "replacement_budget"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 0:
+            print(f"hetero rehearse: --{flag.replace('_', '-')} must be 0 or more", file=sys.stderr)
+            return EXIT_USAGE
     # Orphans of the emulated instances' trees (a killed launcher's children) come to this
     # process, which reaps them, instead of escaping to init.
     become_subreaper()
@@ -144,10 +180,12 @@ def run(args: argparse.Namespace) -> int:
         scenario=scenario,
         notice_s=notice,
         timeout_s=args.timeout,
-        launcher_args=(
-            ("--restart-budget", str(args.restart_budget))
-            if args.restart_budget is not None
-            else ()
+        resume_stopped=args.resume_stopped,
+        launcher_args=tuple(
+            arg
+            for flag in ("restart_budget", "replacement_budget")
+            if getattr(args, flag) is not None
+            for arg in (f"--{flag.replace('_', '-')}", str(getattr(args, flag)))
         ),
     )
     _, code = rehearse(

@@ -3,13 +3,16 @@
 Instance faults are written ``GROUP:INDEX@STEP`` or ``GROUP:INDEX@Ns``: the INDEX-th instance of
 the group in launch order (0 .. count-1 are the group's original instances; count, count+1, ...
 are the replacements in the order they launch), when training reaches step STEP, or N seconds
-after the rehearsal started. An S3 outage is ``STEP:SECONDS`` or ``Ns:SECONDS``.
+after the rehearsal started. An S3 outage is ``STEP:SECONDS`` or ``Ns:SECONDS``. A launch fault
+(``boot-fail``, ``early-exit``) is ``GROUP:INDEX`` or ``GROUP:*`` (every instance of the group,
+replacements included): it applies from the instance's launch.
 
 A scenario file holds the same lists under the flag names, plus optional expectations::
 
     name = "one-spot-interruption"
     interrupt = ["trainer:1@10"]
     s3-outage = ["20:5"]
+    boot-fail = ["dataprep:0"]
     notice-seconds = 15
     [expect]
     outcome = "finished"      # or "failed" (a trainer that keeps crashing), "stopped" (budget)
@@ -49,11 +52,24 @@ class FaultKind(StrEnum):
     """SIGKILL the ``hetero serve`` tree of a dataprep instance and terminate the instance."""
     S3_OUTAGE = "s3-outage"
     """S3 unreachable from the instances for SECONDS."""
+    BOOT_FAIL = "boot-fail"
+    """At launch: the instance's boot gives up (the user data's retries run out), so no launcher
+    starts; the OS shuts the instance down, EC2 terminates it (InstanceInitiatedShutdownBehavior
+    ``terminate``) and its group launches a replacement."""
+    EARLY_EXIT = "early-exit"
+    """At launch: the launcher exits before its job loop. The instance's metadata carries no
+    tags (as with instance metadata tags off), so the launcher cannot find its group."""
+
+
+LAUNCH_KINDS = frozenset({FaultKind.BOOT_FAIL, FaultKind.EARLY_EXIT})
+"""Faults that apply to an instance from its launch (``GROUP:INDEX`` or ``GROUP:*``, no time)."""
 
 
 INSTANCE_FORM = "GROUP:INDEX@STEP or GROUP:INDEX@Ns (e.g. trainer:0@10, dataprep:1@30s)"
+LAUNCH_FORM = "GROUP:INDEX or GROUP:* (every instance of the group, replacements included)"
 OUTAGE_FORM = "STEP:SECONDS or Ns:SECONDS (e.g. 20:8, 45s:10)"
 _INSTANCE_RE = re.compile(r"^(?P<group>[a-z][a-z0-9-]*):(?P<index>\d+)@(?P<when>\d+(?:\.\d+)?s?)$")
+_LAUNCH_RE = re.compile(r"^(?P<group>[a-z][a-z0-9-]*):(?P<index>\d+|\*)$")
 _OUTAGE_RE = re.compile(r"^(?P<when>\d+(?:\.\d+)?s?):(?P<seconds>\d+(?:\.\d+)?)$")
 
 
@@ -89,11 +105,22 @@ class Fault:
     group: str | None = None
     """Instance faults: the instance group's name."""
     index: int | None = None
-    """Instance faults: the instance's position in its group's launch order."""
+    """Instance faults: the instance's position in its group's launch order (launch faults:
+    None for every instance of the group)."""
     duration_s: float | None = None
     """S3 outage: how long S3 stays unreachable."""
 
+    @property
+    def at_launch(self) -> bool:
+        return self.kind in LAUNCH_KINDS
+
+    def matches(self, group: str, index: int) -> bool:
+        """A launch fault's target: this instance of the group (or every one)."""
+        return self.group == group and (self.index is None or self.index == index)
+
     def describe(self) -> str:
+        if self.at_launch:
+            return f"{self.kind.value} {self.group}:{'*' if self.index is None else self.index}"
         when = (
             str(self.trigger.step)
             if self.trigger.step is not None
@@ -154,11 +181,22 @@ def parse_instance_fault(kind: FaultKind | str, text: str) -> Fault:
     kind = _kind(kind)
     if kind is FaultKind.S3_OUTAGE:
         return parse_outage(text)
+    if kind in LAUNCH_KINDS:
+        return parse_launch_fault(kind, text)
     m = _INSTANCE_RE.match(text.strip())
     if m is None:
         raise FaultSyntaxError(f"--{kind.value} {text!r}: expected {INSTANCE_FORM}")
     trigger = _parse_when(m["when"], f"--{kind.value} {text!r}", INSTANCE_FORM)
     return Fault(kind, trigger, group=m["group"], index=int(m["index"]))
+
+
+def parse_launch_fault(kind: FaultKind, text: str) -> Fault:
+    """``GROUP:INDEX`` or ``GROUP:*`` for a launch fault; ``FaultSyntaxError`` otherwise."""
+    m = _LAUNCH_RE.match(text.strip())
+    if m is None:
+        raise FaultSyntaxError(f"--{kind.value} {text!r}: expected {LAUNCH_FORM}")
+    index = None if m["index"] == "*" else int(m["index"])
+    return Fault(kind, Trigger(step=0), group=m["group"], index=index)
 
 
 def parse_outage(text: str) -> Fault:
@@ -219,7 +257,9 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
         kind = _kind(norm)
         values = [value] if isinstance(value, str) else value
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            form = OUTAGE_FORM if kind is FaultKind.S3_OUTAGE else INSTANCE_FORM
+            form = {FaultKind.S3_OUTAGE: OUTAGE_FORM}.get(
+                kind, LAUNCH_FORM if kind in LAUNCH_KINDS else INSTANCE_FORM
+            )
             raise FaultSyntaxError(f"{source}: {key} must be a string or a list of {form}")
         by_kind.setdefault(kind.value, []).extend(values)
     expect_raw = data.get("expect", {})

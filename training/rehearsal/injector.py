@@ -145,9 +145,13 @@ class FaultRecord:
     watch_started_t: float | None = None
     """kill-in-save: when the watch began (``fired_t``, ``fired_wall`` and ``step_at_fire`` are
     the kill's)."""
+    instances: list[str] = field(default_factory=list)
+    """Launch faults: every instance the fault was applied to, in launch order."""
 
     def to_json(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
+        if self.fault.at_launch:
+            extra = {"instances": list(self.instances)}
         if self.fault.kind is FaultKind.KILL_IN_SAVE:
             extra = {
                 "cut_step": self.cut_step,
@@ -211,7 +215,11 @@ class FaultInjector(threading.Thread):
             step = self.steps.current_step()
             elapsed = self.events.elapsed()
             for rec in self.records:
-                if rec.state == "pending" and rec.fault.trigger.due(step, elapsed):
+                if (
+                    rec.state == "pending"
+                    and not rec.fault.at_launch  # the simulator applies them (``on_launch``)
+                    and rec.fault.trigger.due(step, elapsed)
+                ):
                     self._fire(rec, step)
             self._crash_workers()
             self._stopped.wait(self.poll_s)
@@ -223,6 +231,25 @@ class FaultInjector(threading.Thread):
             return any(
                 r.state == "firing" and r.fault.kind is not FaultKind.CRASH for r in self.records
             )
+
+    def on_launch(self, group: str, index: int, instance_id: str) -> FaultKind | None:
+        """The launch fault for the ``index``-th instance of ``group`` (None: it launches
+        normally), recorded as applied; the simulator calls it for every instance it starts."""
+        with self._lock:
+            for rec in self.records:
+                if rec.fault.at_launch and rec.fault.matches(group, index):
+                    rec.state = "done"
+                    rec.instance = rec.instance or instance_id
+                    rec.instances.append(instance_id)
+                    rec.kills += 1
+                    if rec.fired_t is None:
+                        rec.fired_t, rec.fired_wall = self.events.elapsed(), time.time()
+                    rec.step_at_fire = self.steps.current_step()
+                    self.events.add(
+                        "fault", f"{rec.fault.describe()}: {group}:{index}", instance=instance_id
+                    )
+                    return rec.fault.kind
+        return None
 
     def pending(self) -> list[FaultRecord]:
         return [r for r in self.records if r.state == "pending"]
@@ -321,8 +348,20 @@ class FaultInjector(threading.Thread):
         if desired == 0:
             rec.detail = "the group was already at 0"
             return
+        # Capacity Rebalancing launches the replacement first, briefly above the group's
+        # maximum (the stack's MaxSize is the count); the maximum is back once the at-risk
+        # instance is gone.
+        max_size = self.aws.max_size(asg)
+        self.aws.set_max_size(asg, max(max_size, desired + 1))
         self.aws.set_desired_capacity(asg, desired + 1)
         self.events.add("fault", f"Capacity Rebalancing: {asg} desired {desired} -> {desired + 1}")
+        try:
+            self._rebalance_terminate(rec, run)
+        finally:
+            self.aws.set_max_size(asg, max_size)
+
+    def _rebalance_terminate(self, rec: FaultRecord, run: InstanceRun) -> None:
+        """The at-risk instance's end: the target lifecycle state, then its termination."""
         if not self._wait(self.rebalance_delay_s):
             return
         run.imds.set_target_lifecycle_state("Terminated")

@@ -36,6 +36,8 @@ from training.aws_tags import (
     ENV_CHECKPOINT_URI,
     ENV_CLUSTER,
     ENV_GROUP,
+    ENV_INSTANCE_ID,
+    ENV_JOB_PARAMETER,
     ENV_REGION,
     TAG_CLUSTER,
     TAG_GROUP,
@@ -43,6 +45,7 @@ from training.aws_tags import (
 )
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, EmulatedInstance
 from training.rehearsal.events import EventLog
+from training.rehearsal.faults import FaultKind
 from training.rehearsal.imds import ImdsEmulator
 from training.rehearsal.samples import SAMPLE_LOG_ENV
 
@@ -60,6 +63,8 @@ LAUNCHER_LOG = "launcher.log"
 # its group from its tags, and real credentials must never reach moto's clients.
 _DROPPED_ENV = (
     ENV_GROUP,
+    ENV_JOB_PARAMETER,
+    ENV_INSTANCE_ID,
     "AWS_PROFILE",
     "AWS_SESSION_TOKEN",
     "AWS_SECURITY_TOKEN",
@@ -71,6 +76,25 @@ _DROPPED_ENV = (
     "AWS_ENDPOINT_URL_S3",
     "AWS_EC2_METADATA_DISABLED",
 )
+
+
+BOOT_GIVE_UP_S = 1.0
+"""A failed boot's stand-in: how long before it gives up (the real one tries each network step
+``infra.instance_group.BOOT_ATTEMPTS`` times)."""
+
+
+def failed_boot_argv() -> list[str]:
+    """A ``boot-fail`` instance's stand-in for its user data: it says what the real one says
+    when a step never succeeds, and exits non-zero without starting the launcher. The simulator
+    then does what the user data's EXIT trap and EC2 would do (``AwsEmulator.shut_down_from_os``).
+    """
+    message = (
+        'hetero boot: giving up on "docker pull"; the launcher was not started\n'
+        "hetero boot: the boot failed (exit 1); shutting down: this instance terminates and its "
+        "group replaces it"
+    )
+    code = f"import sys, time; time.sleep({BOOT_GIVE_UP_S}); print({message!r}); sys.exit(1)"
+    return [sys.executable, "-c", code]
 
 
 def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> list[str]:
@@ -92,6 +116,10 @@ def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> 
         str(RESTART_BACKOFF_S),
         "--poll",
         "1",
+        # A running host's record writes and watches (failed boots, live trainers): every 2 s,
+        # not 30.
+        "--heartbeat",
+        "2",
         *extra,
     ]
 
@@ -126,8 +154,10 @@ def launcher_env(
             ENV_CHECKPOINT_URI: ctx.names.checkpoint_uri,
             ENV_ASG_NAMES: ",".join(ctx.names.asg_names.values()),
             LIFECYCLE_HOOK_ENV: ctx.names.lifecycle_hook,
+            **({ENV_JOB_PARAMETER: ctx.names.job_parameter} if ctx.names.job_parameter else {}),
             SAMPLE_LOG_ENV: str(ctx.sample_dir),
             COLLECTIVE_TIMEOUT_ENV: str(COLLECTIVE_TIMEOUT_S),
+            ENV_INSTANCE_ID: instance_id,  # the boot reads it from IMDS and passes it on
             RUN_ENV: ctx.run_id,
             INSTANCE_ENV: instance_id,
             "PYTHONUNBUFFERED": "1",
@@ -244,6 +274,11 @@ class InstanceRun:
     """Every descendant seen while the instance ran."""
     worker_starts: dict[int, float] = field(default_factory=dict)
     """Trainer worker pid -> its start (wall time)."""
+    launch_fault: FaultKind | None = None
+    """``boot-fail``: the tree is the boot's stand-in, no launcher; ``early-exit``: the
+    instance's metadata has no tags."""
+    shut_down: bool = False
+    """A failed boot shut the instance down (``AwsEmulator.shut_down_from_os``)."""
 
     @property
     def launcher_running(self) -> bool:
@@ -296,6 +331,8 @@ class GroupSimulator(threading.Thread):
         self._stopped = threading.Event()
         self.errors = 0
         self.on_worker_started: Callable[[InstanceRun, int], None] | None = None
+        self.launch_fault: Callable[[str, int, str], FaultKind | None] | None = None
+        """(group, index, instance id) -> the launch fault to apply to that instance, if any."""
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -331,6 +368,16 @@ class GroupSimulator(threading.Thread):
                     self._terminate(run, "moto no longer lists it")
                 if not run.terminated:
                     self._track(run)
+            # Auto Scaling's answer to SetInstanceHealth Unhealthy: terminate and replace.
+            for instance_id in self.aws.replace_unhealthy(self.ctx.names):
+                run = self._runs.get(instance_id)
+                who = f"{run.group}:{run.index}" if run else instance_id
+                self.events.add(
+                    "unhealthy-replaced",
+                    f"{who} marked Unhealthy: Auto Scaling terminates it and launches a "
+                    "replacement",
+                    instance=instance_id,
+                )
 
     # -- instances ---------------------------------------------------------------------------
 
@@ -340,18 +387,22 @@ class GroupSimulator(threading.Thread):
         order.append(inst.instance_id)
         folder = self.out_dir / "instances" / inst.instance_id
         folder.mkdir(parents=True, exist_ok=True)
+        fault = (
+            self.launch_fault(inst.group, index, inst.instance_id) if self.launch_fault else None
+        )
+        tags = {TAG_CLUSTER: self.ctx.names.cluster, TAG_GROUP: inst.group, TAG_ROLE: inst.role}
         imds = ImdsEmulator(
             instance_id=inst.instance_id,
             local_ipv4=inst.private_ip,
             region=self.ctx.names.region,
-            tags={
-                TAG_CLUSTER: self.ctx.names.cluster,
-                TAG_GROUP: inst.group,
-                TAG_ROLE: inst.role,
-            },
+            tags={} if fault is FaultKind.EARLY_EXIT else tags,
         ).start()
         log_file = open(folder / LAUNCHER_LOG, "ab")  # noqa: SIM115 - closed at termination
-        argv = self.command(self.spec_path, imds.url, self.launcher_args)
+        argv = (
+            failed_boot_argv()
+            if fault is FaultKind.BOOT_FAIL
+            else self.command(self.spec_path, imds.url, self.launcher_args)
+        )
         env = launcher_env(self.base_env, self.ctx, imds_url=imds.url, instance_id=inst.instance_id)
         tmp = instance_tmpdir(inst.instance_id)
         env["TMPDIR"] = str(tmp)
@@ -382,6 +433,7 @@ class GroupSimulator(threading.Thread):
             log_file=log_file,
             launched_t=self.events.elapsed(),
             tmpdir=tmp,
+            launch_fault=fault,
         )
         self._runs[inst.instance_id] = run
         self.events.add(
@@ -416,6 +468,9 @@ class GroupSimulator(threading.Thread):
         code = run.popen.poll()
         if code is not None and run.exit_code is None and not run.killed:
             run.exit_code = code
+            if run.launch_fault is FaultKind.BOOT_FAIL:
+                self._shut_down(run, code)
+                return
             self.events.add(
                 "launcher-exited",
                 f"{run.group}:{run.index} launcher exited with code {code} "
@@ -423,6 +478,18 @@ class GroupSimulator(threading.Thread):
                 instance=run.instance_id,
                 code=code,
             )
+
+    def _shut_down(self, run: InstanceRun, code: int) -> None:
+        """A failed boot's end: its EXIT trap runs ``shutdown -h now`` and EC2 terminates the
+        instance (InstanceInitiatedShutdownBehavior ``terminate``); its group replaces it."""
+        self.events.add(
+            "boot-gave-up",
+            f"{run.group}:{run.index} boot exited {code} without starting the launcher: "
+            "shutdown -h now, EC2 terminates the instance",
+            instance=run.instance_id,
+        )
+        self.aws.shut_down_from_os(run.instance_id)
+        run.shut_down = True
 
     def _terminate(self, run: InstanceRun, why: str) -> None:
         """The instance is gone: its whole tree is SIGKILLed, its IMDS stops."""

@@ -12,9 +12,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import resource
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +27,7 @@ from typing import Any
 
 from training.data.splits import Split, build_split
 from training.rehearsal import audit, params, report
-from training.rehearsal.aws import AwsEmulator, ClusterNames, region_for
+from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, region_for
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import FaultKind, Scenario
 from training.rehearsal.injector import FaultInjector, FaultRecord
@@ -51,6 +54,8 @@ SETTLE_S = 15.0
 """With every launcher exited and instances still running, how long nothing may change before
 the rehearsal ends (nothing else will happen: the groups were not scaled to zero)."""
 _LOOP_S = 0.5
+REPLACED_PREFIX = "job/replaced/"
+"""The job record's count of instances taken out of service, relative to the checkpoint URI."""
 _STEP_RE = re.compile(r"step-(\d+)/COMPLETE$")
 _INSTANCE_LOSS = (
     FaultKind.INTERRUPT,
@@ -71,10 +76,22 @@ class RehearsalOptions:
     settle_s: float = SETTLE_S
     launcher_args: tuple[str, ...] = ()
     echo: Callable[[str], None] | None = None
+    resume_stopped: int = 0
+    """How many times a job that ends ``stopped`` (its budget) is continued with
+    ``hetero job start --resume`` (the real command, against the emulated AWS)."""
 
 
 def spec_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def training_digest(spec: ClusterSpec) -> str:
+    """What the final parameters depend on: the spec without its budget (``job.max_usd``,
+    ``job.max_hours`` only decide when a job stops, and a stopped job resumes bit for bit) and
+    where it was read from, so a capped job that was resumed compares with an uncapped
+    baseline."""
+    uncapped = replace(spec, job=replace(spec.job, max_usd=None, max_hours=None), source="")
+    return hashlib.sha256(repr(uncapped).encode()).hexdigest()
 
 
 def _prepare(out: Path) -> None:
@@ -104,6 +121,14 @@ def read_outcome(aws: AwsEmulator, names: ClusterNames) -> dict[str, Any] | None
     return record if isinstance(record, dict) else {"outcome": "unreadable", "raw": str(record)}
 
 
+def replaced_instances(aws: AwsEmulator, names: ClusterNames) -> list[str]:
+    """The instances the job record counts as taken out of service before their job loop
+    (``job/replaced/<id>.json``: early exits and failed boots)."""
+    prefix = names.checkpoint_prefix + REPLACED_PREFIX
+    keys = aws.list_keys(names.bucket, prefix)
+    return sorted(k[len(prefix) : -len(".json")] for k in keys if k.endswith(".json"))
+
+
 def complete_steps(aws: AwsEmulator, names: ClusterNames) -> list[int]:
     """Checkpoint steps whose COMPLETE marker is in S3."""
     keys = aws.list_keys(names.bucket, names.checkpoint_prefix)
@@ -124,6 +149,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
             "path": str(options.spec_path.resolve()),
             "name": spec.name,
             "sha256": spec_digest(options.spec_path),
+            "training_sha256": training_digest(spec),
             "seed": spec.job.seed,
             "steps": spec.job.total_steps,
         },
@@ -135,7 +161,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
     simulator: GroupSimulator | None = None
     injector: FaultInjector | None = None
     try:
-        names = aws.provision(spec)
+        names = aws.provision(spec, options.spec_path.read_text())
         proxy = SwitchableProxy(("127.0.0.1", aws.port)).start()
         events.add(
             "emulators",
@@ -169,13 +195,16 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
             events=events,
             notice_s=options.notice_s,
         )
+        simulator.launch_fault = injector.on_launch
         simulator.start()
         injector.start()
+        stopped_jobs: list[dict[str, Any]] = []
         end_reason, timed_out = _watch(
-            options, spec, aws, names, simulator, injector, steps, events
+            options, spec, aws, names, simulator, injector, steps, events, stopped_jobs
         )
         injector.stop()
         facts["end_reason"], facts["timed_out"] = end_reason, timed_out
+        facts["stopped_jobs"] = stopped_jobs
         facts["groups_desired_at_end"] = aws.desired_capacities(names)
         facts["instances_running_at_end"] = [
             i.instance_id for i in aws.instances(names.cluster) if i.state == "running"
@@ -186,6 +215,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         record = read_outcome(aws, names)
         facts["outcome"] = record.get("outcome", "unknown") if record else "unknown"
         facts["job_record"] = record
+        facts["replaced_in_record"] = replaced_instances(aws, names)
         records = read_sample_logs(sample_dir)
         final = audit.final_step(records)
         facts["final_step"] = final
@@ -216,8 +246,11 @@ def _watch(
     injector: FaultInjector,
     steps: StepWatcher,
     events: EventLog,
+    stopped_jobs: list[dict[str, Any]],
 ) -> tuple[str, bool]:
-    """Wait for the end; (why it ended, whether the time ran out)."""
+    """Wait for the end; (why it ended, whether the time ran out). A job that ends ``stopped``
+    is continued up to ``options.resume_stopped`` times (its record, with the step it stopped
+    at, goes into ``stopped_jobs``)."""
     deadline = time.monotonic() + options.timeout_s
     total = spec.job.total_steps or 0
     progress_every = max(1, total // 10) if total else 10
@@ -242,6 +275,11 @@ def _watch(
         if launched and not live and not injector.busy():
             desired = aws.desired_capacities(names)
             if all(v == 0 for v in desired.values()):
+                if outcome == "stopped" and len(stopped_jobs) < options.resume_stopped:
+                    stopped_jobs.append({**(record or {}), "step": steps.current_step()})
+                    start_next_job(options.spec_path, aws, events)
+                    outcome = None
+                    continue
                 return "every group at 0 and every instance terminated", False
         if live and not any(r.launcher_running for r in live) and not injector.busy():
             quiet_since = quiet_since or time.monotonic()
@@ -256,6 +294,23 @@ def _watch(
         if time.monotonic() >= deadline:
             events.add("timeout", f"the rehearsal ran out of time ({options.timeout_s:.0f}s)")
             return f"timed out after {options.timeout_s:.0f}s", True
+
+
+def start_next_job(spec_path: Path, aws: AwsEmulator, events: EventLog) -> None:
+    """``hetero job start --resume`` as a user would run it, against the emulated AWS: the
+    stopped job's record moves to ``job-history/``, a new job id goes into the pointer and every
+    group goes back to its count. ``RuntimeError`` when it refuses."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(FAKE_CREDENTIALS)
+    env["AWS_ENDPOINT_URL"] = aws.endpoint_url
+    argv = [
+        sys.executable, "-m", "training.cli", "job", "start",
+        "--spec", str(spec_path), "--resume", "--region", aws.region,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"hetero job start --resume exited {proc.returncode}: {proc.stderr}")
+    events.add("job-start", "hetero job start --resume: " + "; ".join(proc.stdout.splitlines()))
 
 
 def _save_final_checkpoint(
@@ -287,6 +342,31 @@ def _first_step_seconds(run: InstanceRun, records: list[Any], started_wall: floa
     first_worker = min(run.worker_starts.values())
     after = [rec.time for rec in records if rec.time >= first_worker]
     return round(min(after) - (started_wall + run.launched_t), 2) if after else None
+
+
+def _launch_fault_fate(run: InstanceRun, runs: list[InstanceRun]) -> dict[str, Any]:
+    """What became of an instance hit by a launch fault: when it left service, and the instance
+    its group launched next (its replacement), if any."""
+    after = [
+        r
+        for r in runs
+        if r.group == run.group
+        and run.terminated_t is not None
+        and r.index > run.index
+        and r.launched_t >= run.terminated_t
+    ]
+    return {
+        "instance": run.instance_id,
+        "group": run.group,
+        "index": run.index,
+        "fault": run.launch_fault.value if run.launch_fault else None,
+        "exit_code": run.exit_code,
+        "shut_down_from_os": run.shut_down,
+        "left_service_s": None
+        if run.terminated_t is None
+        else round(run.terminated_t - run.launched_t, 2),
+        "replaced_by": min(after, key=lambda r: r.launched_t).instance_id if after else None,
+    }
 
 
 def _audit(
@@ -363,6 +443,7 @@ def _audit(
             }
             for r in runs
         ],
+        "launch_faults": [_launch_fault_fate(r, runs) for r in runs if r.launch_fault],
         "resumes": resumes,
         "resumed_from_steps": [e["step"] for e in resumes],
         "sample_records": len(records),
@@ -381,7 +462,7 @@ def _baseline_checkpoint(baseline_dir: Path, spec_path: Path) -> tuple[Path | No
         facts = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         return None, f"no readable {path}: {e}"
-    if facts.get("spec", {}).get("sha256") != spec_digest(spec_path):
+    if facts.get("spec", {}).get("training_sha256") != training_digest(load_spec(spec_path)):
         return None, f"{path} rehearsed another spec (or another version of it)"
     if facts.get("scenario", {}).get("faults"):
         return None, f"{path} is not an uninterrupted run (it has faults)"

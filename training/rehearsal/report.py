@@ -7,6 +7,8 @@ Invariants, each ``{"ok": bool, "detail": str}`` in ``rehearsal.json``:
 - ``faults_applied``: every fault fired (none pending, none skipped);
 - ``groups_at_zero``: every Auto Scaling group's desired capacity is 0 and no instance runs;
 - ``no_processes_left``: no process the rehearsal started (or a descendant) was alive at the end;
+- with launch faults (``boot-fail``, ``early-exit``): ``broken_instances_left_service``, every
+  instance hit was terminated, and replaced by its group unless the job ended failed;
 - when the scenario expects the job to finish: ``final_step`` (the sample logs reach the spec's
   step count), ``samples_exactly_once`` (no sample lost or repeated in any epoch, no step
   missing), ``steps_lost_bounded`` (steps redone after rollbacks at most ``expect.steps-lost-max``,
@@ -59,6 +61,21 @@ def invariants(
         all(v == 0 for v in desired.values()) and not running,
         f"desired {desired}; {len(running)} instance(s) running",
     )
+    fates = facts.get("launch_faults", [])
+    if fates:
+        stuck = [
+            f"{f['group']}:{f['index']} ({f['fault']})"
+            for f in fates
+            if f["left_service_s"] is None or (f["replaced_by"] is None and outcome != "failed")
+        ]
+        out["broken_instances_left_service"] = _check(
+            not stuck,
+            f"{len(fates)} instance(s) hit at launch, each terminated"
+            + (" and replaced" if outcome != "failed" else " (replaced, or the job ended failed)")
+            + f"; job record replaced/: {len(facts.get('replaced_in_record', []))}"
+            if not stuck
+            else f"still in service or never replaced: {stuck}",
+        )
     left = facts.get("processes_left", [])
     out["no_processes_left"] = _check(
         not left,
