@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,70 @@ def test_resume_after_a_budget_stop_gives_the_new_job_its_own_clock(
         assert job_started(new, started.pointer.started) == NOW.timestamp()
         assert new.started_at() is None  # the pointer's time is the clock: nothing written
         assert sizes(asg) == {"vit-test-trainer": (0, 2, 2), "vit-test-dataprep": (0, 2, 2)}
+
+
+def test_job_start_may_give_the_resumed_job_a_cap_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A job its budget stopped resumes with more to spend, without a deploy (which would start
+    a fresh job in a new folder): the caps go into the job pointer, every launcher's budget and
+    `hetero status` read them there, and the spec's other cap stays."""
+    from training.launcher.jobparam import JobWatch, read_job_pointer
+    from training.launcher.jobstart import JobStartError, report
+
+    from .test_launcher_jobstart import NOW, OLD
+
+    spec_path = tmp_path / "capped.toml"
+    spec_path.write_text(SPEC_WITH_CAP.replace("{cap}", "max_usd = 1\nmax_hours = 4"))
+    spec = load_spec(spec_path)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        ssm = boto3.client("ssm", region_name=REGION)
+        s3 = boto3.client("s3", region_name=REGION)
+        asg = boto3.client("autoscaling", region_name=REGION)
+        ssm.put_parameter(Name="/hetero/one/job", Value=OLD.to_json(), Type="String")
+        s3.create_bucket(Bucket="ckpt")
+        with pytest.raises(JobStartError, match=r"^--max-usd must be above 0, got 0$"):
+            start_job(spec, ssm=ssm, autoscaling=asg, s3=s3, max_usd=0.0)
+        assert read_job_pointer(ssm, "/hetero/one/job") == OLD  # nothing changed
+        ec2 = boto3.client("ec2", region_name=REGION)
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+        ec2.create_launch_template(
+            LaunchTemplateName="one",
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
+        )
+        for group in spec.groups:
+            asg.create_auto_scaling_group(
+                AutoScalingGroupName=f"one-{group.name}",
+                LaunchTemplate={"LaunchTemplateName": "one"},
+                MinSize=0, MaxSize=group.count, DesiredCapacity=0, VPCZoneIdentifier=subnet,
+            )  # fmt: skip
+        started = start_job(
+            spec, ssm=ssm, autoscaling=asg, s3=s3, now=NOW, token="ab12", max_usd=25.0
+        )
+        pointer = read_job_pointer(ssm, "/hetero/one/job")
+        assert pointer == started.pointer
+        assert (pointer.max_usd, pointer.max_hours) == (25.0, None)
+        assert "budget: max_usd 25 (instead of the spec's)" in report(started, spec_path="s")
+        # A host of the new job: its loop's budget is the pointer's cap and the spec's other.
+        host = Ec2Job(
+            spec,
+            identity=GroupIdentity("trainer", GroupSource.EC2, instance_id="i-1", cluster="one"),
+            settings=LoopSettings(),
+            plan_for=lambda *a: None,
+            environ={},
+            run_dir=tmp_path,
+            ec2=None,
+            autoscaling=None,
+            record=None,
+            asg_names=[],
+            job_watch=JobWatch(ssm, "/hetero/one/job", pointer),
+        )
+        assert (host.budget.max_usd, host.budget.max_hours) == (25.0, 4.0)
+        assert Budget.of(spec).max_usd == 1.0  # without the pointer, the spec's
+        status = JobStatus(cluster="one", job=asdict(pointer))
+        record = JobRecord(str(tmp_path / "ckpt"))
+        assert budget_line(spec, status, record, now=NOW.timestamp() + 3600) == (
+            "3.60 USD over 1.00 h at 3.60 USD/h; max_usd 25, max_hours 4"
+        )

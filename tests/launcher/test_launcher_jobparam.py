@@ -52,6 +52,17 @@ def test_round_trip_keeps_every_field_in_the_documented_json() -> None:
     assert parse_job_pointer(deployed.to_json()) == deployed
 
 
+def test_a_jobs_own_caps_round_trip_and_are_left_out_when_unset() -> None:
+    capped = JobPointer(POINTER.job_id, POINTER.checkpoint_uri, max_usd=12.5, max_hours=2.0)
+    text = capped.to_json()
+    assert json.loads(text) == {
+        "job_id": POINTER.job_id, "checkpoint_uri": POINTER.checkpoint_uri, "started": None,
+        "resumed_from": None, "max_usd": 12.5, "max_hours": 2.0,
+    }  # fmt: skip
+    assert parse_job_pointer(text) == capped
+    assert "max_usd" not in POINTER.to_json()  # a deploy's pointer is as before the caps
+
+
 def test_unknown_keys_are_ignored() -> None:
     value = json.loads(POINTER.to_json()) | {"note": "from a newer writer"}
     assert parse_job_pointer(json.dumps(value)) == POINTER
@@ -85,6 +96,18 @@ def test_bad_json_says_so_and_how_to_fix_it() -> None:
         (
             '{"job_id": "j-1", "checkpoint_uri": "s3://b/c/", "started": 5}',
             "started must be a string or null (got 5)",
+        ),
+        (
+            '{"job_id": "j-1", "checkpoint_uri": "s3://b/c/", "max_usd": 0}',
+            "max_usd must be a number above 0 or null (got 0)",
+        ),
+        (
+            '{"job_id": "j-1", "checkpoint_uri": "s3://b/c/", "max_hours": "2"}',
+            "max_hours must be a number above 0 or null (got '2')",
+        ),
+        (
+            '{"job_id": "j-1", "checkpoint_uri": "s3://b/c/", "max_usd": true}',
+            "max_usd must be a number above 0 or null (got True)",
         ),
     ],
 )

@@ -11,7 +11,8 @@ counts.
 
 Each job has its own budget: ``hetero job start --resume`` starts a new job (its own id, its
 own start time, the old record moved to ``job-history/``) that resumes the checkpoints with
-``max_hours`` and ``max_usd`` to spend again.
+``max_hours`` and ``max_usd`` to spend again, or the caps given to it
+(``hetero job start --max-usd/--max-hours``, kept in the job pointer).
 
 The launcher passes the time the budget runs out to the trainer (``HETERO_BUDGET_DEADLINE``,
 epoch seconds; the trainer's ``--max-seconds`` defaults to what is left of it when the trainer
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from training.launcher.jobparam import JobPointer
 from training.spec import ClusterSpec
 
 ENV_DEADLINE = "HETERO_BUDGET_DEADLINE"
@@ -42,8 +44,16 @@ class Budget:
     usd_per_hour: float
 
     @classmethod
-    def of(cls, spec: ClusterSpec) -> Budget:
-        return cls(spec.job.max_hours, spec.job.max_usd, spec.usd_per_hour())
+    def of(cls, spec: ClusterSpec, pointer: JobPointer | None = None) -> Budget:
+        """The spec's caps, each replaced by the job pointer's (``JobPointer.max_usd`` /
+        ``max_hours``, set by ``hetero job start``) where the pointer has one."""
+        max_hours = pointer.max_hours if pointer is not None else None
+        max_usd = pointer.max_usd if pointer is not None else None
+        return cls(
+            spec.job.max_hours if max_hours is None else max_hours,
+            spec.job.max_usd if max_usd is None else max_usd,
+            spec.usd_per_hour(),
+        )
 
     @property
     def capped(self) -> bool:

@@ -213,7 +213,7 @@ class Ec2Job:
         self.generation = 0
         self.ended_job = False
         """True once this host ended the job (outcome recorded, every group scaled to zero)."""
-        self.budget = Budget.of(spec)
+        self.budget = Budget.of(spec, job_watch.pointer if job_watch else None)
         self._started: float | None = None
         """The job's start (epoch seconds) for its budget, once known."""
 

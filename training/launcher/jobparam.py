@@ -6,7 +6,9 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
     {"job_id": "j-20261122T100000-ab12",
      "checkpoint_uri": "s3://bucket/checkpoints/d-0123456789ab/",
      "started": "2026-11-22T10:00:00Z",
-     "resumed_from": "d-0123456789ab"}
+     "resumed_from": "d-0123456789ab",
+     "max_usd": 50.0,
+     "max_hours": null}
 
 - ``job_id``: ``d-<first 12 hex of sha256(spec)>`` for the job a deploy starts (the same spec
   deploys the same id, so CloudFormation sees no change), ``j-<UTC yyyymmddTHHMMSS>-<4 hex>``
@@ -16,6 +18,10 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
 - ``started``: ISO 8601 UTC time of ``hetero job start``; null for the job a deploy created
   (a CloudFormation template has no deploy time to put there).
 - ``resumed_from``: the previous job's id when the job resumes its checkpoints, else null.
+- ``max_usd``, ``max_hours``: this job's budget when ``hetero job start --max-usd/--max-hours``
+  set it (a positive number), instead of the deployed spec's ``job.max_usd`` / ``job.max_hours``;
+  null (or absent): the spec's. A stopped job can so be resumed with a larger cap without a
+  deploy (a deploy of a changed spec starts a fresh job in a new folder).
 
 The stack creates the parameter (``infra/job.py``); ``hetero job start`` overwrites it; the
 launcher reads it when it starts and at every generation boundary (``JobWatch``), so a host
@@ -63,10 +69,17 @@ class JobPointer:
     checkpoint_uri: str
     started: str | None = None
     resumed_from: str | None = None
+    max_usd: float | None = None
+    max_hours: float | None = None
 
     def to_json(self) -> str:
-        """The parameter's value (keys in the documented order)."""
-        return json.dumps(asdict(self))
+        """The parameter's value (keys in the documented order; the caps only when set, so a
+        deploy's pointer is what it was before the caps existed)."""
+        value = asdict(self)
+        for cap in ("max_usd", "max_hours"):
+            if value[cap] is None:
+                del value[cap]
+        return json.dumps(value)
 
     @property
     def checkpoint_base(self) -> str:
@@ -83,7 +96,7 @@ class JobPointer:
 
 def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPointer:
     """The pointer in ``text``; ``JobPointerError`` naming ``source``, what is wrong and the fix.
-    Keys other than the four documented ones are ignored (a newer writer may add some)."""
+    Keys other than the documented ones are ignored (a newer writer may add some)."""
     try:
         value = json.loads(text)
     except ValueError as e:
@@ -108,6 +121,12 @@ def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPoi
     for key in ("started", "resumed_from"):
         if value.get(key) is not None and not isinstance(value.get(key), str):
             problems.append(f"{key} must be a string or null (got {value.get(key)!r})")
+    for key in ("max_usd", "max_hours"):
+        cap = value.get(key)
+        if cap is not None and (
+            not isinstance(cap, int | float) or isinstance(cap, bool) or not cap > 0
+        ):
+            problems.append(f"{key} must be a number above 0 or null (got {cap!r})")
     if problems:
         raise JobPointerError(f"{source} is not a valid job pointer: {'; '.join(problems)}; {_FIX}")
     return JobPointer(
@@ -115,7 +134,13 @@ def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPoi
         checkpoint_uri=str(uri),
         started=value.get("started"),
         resumed_from=value.get("resumed_from"),
+        max_usd=_float_or_none(value.get("max_usd")),
+        max_hours=_float_or_none(value.get("max_hours")),
     )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def deployed_job_id(spec_text: str) -> str:

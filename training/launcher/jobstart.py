@@ -187,8 +187,14 @@ def start_job(
     spec_path: str = "cluster.toml",
     now: datetime | None = None,
     token: str | None = None,
+    max_usd: float | None = None,
+    max_hours: float | None = None,
 ) -> StartedJob:
-    """Start a new job on the deployed cluster of ``spec`` (see the module docstring)."""
+    """Start a new job on the deployed cluster of ``spec`` (see the module docstring), with its
+    own budget where ``max_usd`` / ``max_hours`` are given (else the deployed spec's)."""
+    for flag, cap in (("--max-usd", max_usd), ("--max-hours", max_hours)):
+        if cap is not None and not cap > 0:
+            raise JobStartError(f"{flag} must be above 0, got {cap:g}")
     name = aws_tags.job_parameter_name(spec.name)
     previous = read_job_pointer(ssm, name)
     check_groups(spec, autoscaling, job_id=previous.job_id, spec_path=spec_path, force=force)
@@ -198,10 +204,14 @@ def start_job(
     history_uri: str | None = None
     moved: tuple[str, ...] = ()
     if fresh:
-        pointer = JobPointer(job_id, f"{previous.checkpoint_base}{job_id}/", started, None)
+        pointer = JobPointer(
+            job_id, f"{previous.checkpoint_base}{job_id}/", started, None, max_usd, max_hours
+        )
         _split_s3(pointer.checkpoint_uri)  # Refuse a non-S3 folder before anything changes.
     else:
-        pointer = JobPointer(job_id, previous.checkpoint_uri, started, previous.job_id)
+        pointer = JobPointer(
+            job_id, previous.checkpoint_uri, started, previous.job_id, max_usd, max_hours
+        )
         # Before the pointer: an instance of the new job must not find the old outcome.
         history_uri, moved = archive_job_record(s3, previous.checkpoint_uri, previous.job_id)
     ssm.put_parameter(Name=name, Value=pointer.to_json(), Type="String", Overwrite=True)
@@ -257,6 +267,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start even while the current job runs (its hosts leave it for the new one)",
     )
+    start.add_argument(
+        "--max-usd",
+        type=float,
+        help="this job's cap in USD instead of the spec's job.max_usd (e.g. to resume a job its "
+        "budget stopped with more to spend)",
+    )
+    start.add_argument(
+        "--max-hours",
+        type=float,
+        help="this job's cap in hours instead of the spec's job.max_hours",
+    )
     start.add_argument("--region", help="AWS region (default: the usual boto3 configuration)")
 
 
@@ -276,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
             fresh=args.fresh,
             force=args.force,
             spec_path=args.spec,
+            max_usd=args.max_usd,
+            max_hours=args.max_hours,
         )
     except (JobStartError, JobParameterNotFound, JobPointerError) as e:
         print(f"hetero job start: {e}", file=sys.stderr)
@@ -295,6 +318,9 @@ def report(started: StartedJob, *, spec_path: str) -> str:
         + (f" (resumes job {p.resumed_from})" if p.resumed_from else " (fresh, from step 0)"),
         f"checkpoints: {p.checkpoint_uri}",
     ]
+    caps = [f"{k} {v:g}" for k, v in (("max_usd", p.max_usd), ("max_hours", p.max_hours)) if v]
+    if caps:
+        lines.append(f"budget: {', '.join(caps)} (instead of the spec's)")
     if started.history_uri is not None:
         lines.append(
             f"job {started.previous.job_id}'s record: moved to {started.history_uri} "

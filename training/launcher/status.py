@@ -22,7 +22,7 @@ from typing import Any
 
 from training import aws_tags
 from training.launcher.budget import Budget, parse_started
-from training.launcher.jobparam import JobParameterNotFound, read_job_pointer
+from training.launcher.jobparam import JobParameterNotFound, JobPointer, read_job_pointer
 from training.launcher.jobrecord import JobRecord
 from training.launcher.peers import list_cluster_instances
 from training.spec import ClusterSpec, load_spec
@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 class JobStatus:
     cluster: str
     job: dict[str, Any] | None = None
-    """The job pointer (``job_id``, ``checkpoint_uri``, ``started``, ``resumed_from``), if any."""
+    """The job pointer (``job_id``, ``checkpoint_uri``, ``started``, ``resumed_from``,
+    ``max_usd``, ``max_hours``), if any."""
     checkpoint_uri: str | None = None
     """Where the job record and the checkpoints were read."""
     groups: list[dict[str, Any]] = field(default_factory=list)
@@ -139,7 +140,7 @@ def budget_line(
 ) -> str:
     """Spend from the job's start (the pointer's ``started``, else the record's) to its end
     (the outcome's time) or ``now``, against the spec's caps."""
-    budget = Budget.of(spec)
+    budget = Budget.of(spec, JobPointer(**status.job) if status.job else None)
     started = parse_started((status.job or {}).get("started"))
     if started is None:
         started = record.started_at()
