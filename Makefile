@@ -16,13 +16,27 @@ $(VENV)/.installed: pyproject.toml containers/constraints.txt
 	$(BIN)/pip install --quiet --constraint containers/constraints.txt -e '.[dev]'
 	touch $@
 
+# checkov (tests/infra/test_infra_checkov.py) is a command-line tool in a virtualenv of its own, as
+# pipx would install it: every checkov 3 release pins boto3==1.35.49, which the project's boto3 pin
+# excludes. Its one pin is CHECKOV_VERSION; the stamp names the version, so changing it rebuilds the
+# tool's virtualenv from scratch and nothing else.
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV := .venv-tools/checkov
+
+$(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION):
+	rm -rf $(CHECKOV_VENV)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install --quiet checkov==$(CHECKOV_VERSION)
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 install: $(VENV)/.installed
 
-install-dev: $(VENV)/.installed node_modules/.installed
+install-dev: $(VENV)/.installed node_modules/.installed $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
 
 local: install
 	$(BIN)/hetero local --spec specs/local-cpu.toml
@@ -42,4 +56,4 @@ bench: install
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) node_modules cdk.out runs
+	rm -rf $(VENV) .venv-tools node_modules cdk.out runs
