@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "preflight": ("training.preflight", "check quotas, AZ, AMIs, Spot score, CDK bootstrap first"),
     "plan": ("training.planner.cli", "rank clusters by expected samples per dollar under Spot"),
     "bench": ("training.planner.bench", "measure this machine's trainer and data server rates"),
+    "dataset": ("training.dataset_cli", "prepare an ImageFolder as shards + manifest; verify one"),
     "export": (
         "training.trainer.export",
         "write model.safetensors + a timm config.json from a checkpoint (local or S3)",
