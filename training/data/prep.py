@@ -657,7 +657,7 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
             break
         kept.append(record)
     if len(kept) != len(state.shards) or request.restart:
-        state.shards = kept
+        state.shards = list(kept)
         state.save()
     result_written: list[str] = []
 
