@@ -68,6 +68,8 @@ def _pin(sha256: str) -> str:
 
 
 def run_prep(args: argparse.Namespace) -> int:
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from training.data.prep import MIB, PrepError, PrepRequest, prep
 
     request = PrepRequest(
@@ -85,6 +87,13 @@ def run_prep(args: argparse.Namespace) -> int:
     except PrepError as e:
         print(f"hetero dataset prep: {e}", file=sys.stderr)
         return 2
+    except (OSError, BotoCoreError, ClientError) as e:
+        print(
+            f"hetero dataset prep: {e}; the finished shards are kept: rerun the same command "
+            "to resume",
+            file=sys.stderr,
+        )
+        return 1
     print(f"wrote {result.uri}")
     if result.kept:
         print(

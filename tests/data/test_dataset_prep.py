@@ -403,10 +403,11 @@ def test_a_resume_rewrites_a_damaged_shard_and_those_after_it(
 
 
 def test_a_state_of_other_inputs_is_refused_unless_restart(
-    digits: DigitsFolders, tmp_path: Path
+    digits: DigitsFolders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     request = PrepRequest(src=str(digits.val_dir), out=str(tmp_path), shard_bytes=SHARD)
-    prep(request)
+    first = prep(request)
+    assert first.written == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
     bigger = PrepRequest(src=str(digits.val_dir), out=str(tmp_path), shard_bytes=2 * SHARD)
     with pytest.raises(PrepError) as e:
         prep(bigger)
@@ -415,8 +416,19 @@ def test_a_state_of_other_inputs_is_refused_unless_restart(
         "shard_bytes); rerun with the same inputs to resume it, or pass --restart to prepare "
         "from scratch"
     )
-    result = prep(replace(bigger, restart=True))
+    # Interrupted in its first shard, the restart has already taken the old manifest away:
+    # nothing describes shards that are being rewritten.
+    FailingClose(fail_at=1).install(monkeypatch)
+    with pytest.raises(RuntimeError):
+        prep(replace(bigger, restart=True))
+    assert not (tmp_path / "manifest.json").exists()
+    monkeypatch.undo()
+    result = prep(bigger)  # the state now records the new inputs: no --restart needed
     assert result.kept == [] and result.written == ["train-000000.tar", "train-000001.tar"]
+    # The earlier prep's third shard is gone with it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "manifest.json", "prep-state.json", "train-000000.tar", "train-000001.tar"
+    ]  # fmt: skip
     assert verify(str(tmp_path)).problems == []
 
 

@@ -24,6 +24,7 @@ import io
 import json
 import logging
 import os
+import re
 import tarfile
 import tempfile
 from collections import deque
@@ -268,6 +269,14 @@ class Output:
         """Write a small file whole (atomically)."""
         raise NotImplementedError
 
+    def delete(self, name: str) -> None:
+        """Remove ``name`` if it is there."""
+        raise NotImplementedError
+
+    def names(self) -> list[str]:
+        """The names of the files in the folder (not in its sub-folders)."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def shard_file(self, name: str) -> Iterator[IO[bytes]]:
         """A file to write shard ``name`` into; it is in place (whole) once the block ends
@@ -301,6 +310,12 @@ class LocalOutput(Output):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.root / name)
+
+    def delete(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.root.iterdir() if p.is_file()]
 
     @contextlib.contextmanager
     def shard_file(self, name: str) -> Iterator[IO[bytes]]:
@@ -343,6 +358,16 @@ class S3Output(Output):
     def put(self, name: str, data: bytes) -> None:
         # One PutObject: S3 shows the old object or the new one, never a part.
         self.client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
+
+    def delete(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self.prefix + name)
+
+    def names(self) -> list[str]:
+        found = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix, Delimiter="/"):
+            found += [obj["Key"][len(self.prefix) :] for obj in page.get("Contents", [])]
+        return found
 
     @contextlib.contextmanager
     def shard_file(self, name: str) -> Iterator[IO[bytes]]:
@@ -660,6 +685,9 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
         state.shards = list(kept)
         state.save()
     result_written: list[str] = []
+    if sum(r.count for r in kept) < sum(len(s.items) for s in splits):
+        # Shards are about to change: a manifest of an earlier prep must not outlive them.
+        output.delete(MANIFEST_NAME)
 
     total = sum(len(s.items) for s in splits)
     done = sum(r.count for r in kept)
@@ -701,6 +729,7 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
     manifest = build_manifest(classes, splits, state.shards, source, request.split_settings())
     data = manifest.dumps()
     output.put(MANIFEST_NAME, data)
+    _remove_stale_shards(output, manifest)
     return PrepResult(
         manifest=manifest,
         uri=output.url(MANIFEST_NAME),
@@ -708,6 +737,19 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
         written=result_written,
         kept=[r.name for r in kept],
     )
+
+
+_SHARD_FILE = re.compile(r"^(train|val)-\d{6}\.tar(\.partial)?$")
+
+
+def _remove_stale_shards(output: Output, manifest: Manifest) -> None:
+    """Remove the shard files of an earlier prep (``--restart`` with other inputs) that the
+    manifest does not name, so the folder holds one dataset."""
+    current = {s.name for index in manifest.splits.values() for s in index.shards}
+    for name in sorted(output.names()):
+        if _SHARD_FILE.match(name) and name not in current:
+            log.info("removing %s: not a shard of this manifest", output.url(name))
+            output.delete(name)
 
 
 def _chain_one(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
