@@ -96,9 +96,8 @@ def run_prep(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {result.uri}")
     if result.kept:
-        print(
-            f"  kept {len(result.kept)} shards of an interrupted prep, wrote {len(result.written)}"
-        )
+        kept, written = len(result.kept), len(result.written)
+        print(f"  kept {kept} finished shards of an earlier run, wrote {written}")
     for name, index in result.manifest.splits.items():
         print(f"  {name}: {len(index)} samples in {len(index.shards)} shards")
     print(f"  classes: {len(result.manifest.classes)}")

@@ -25,7 +25,7 @@ from tests.realdata import DigitsFolders, write_digits
 from training.cli import main
 from training.data import prep as prep_module
 from training.data.datasets import FolderImages
-from training.data.manifest import Manifest, load_manifest
+from training.data.manifest import Manifest, ManifestError, load_manifest
 from training.data.prep import PrepError, PrepRequest, prep, read_ordered, verify
 from training.data.splits import SubsetImages, split_indices
 
@@ -144,14 +144,21 @@ def test_prep_is_byte_identical_run_to_run(
     for name in names:
         assert (out / name).read_bytes() == (prepared / name).read_bytes(), name
     manifest, _, digest = load_manifest(str(out))
-    assert capsys.readouterr().out == (
-        f"wrote {out}/manifest.json\n"
-        f"  train: 1437 samples in {len(manifest.splits['train'].shards)} shards\n"
-        f"  val: 360 samples in {len(manifest.splits['val'].shards)} shards\n"
+    train, val = len(manifest.splits["train"].shards), len(manifest.splits["val"].shards)
+    summary = (
+        f"  train: 1437 samples in {train} shards\n"
+        f"  val: 360 samples in {val} shards\n"
         "  classes: 10\n"
         f"manifest sha256 {digest}\n"
         "pin it under [job.dataset]:\n"
         f'  manifest_sha256 = "{digest}"\n'
+    )
+    assert capsys.readouterr().out == f"wrote {out}/manifest.json\n" + summary
+    # Run again: every shard is kept, nothing is written, the same manifest.
+    assert main([*argv, "--out", str(out), "--shard-mb", "0.5"]) == 0
+    assert capsys.readouterr().out == (
+        f"wrote {out}/manifest.json\n"
+        f"  kept {train + val} finished shards of an earlier run, wrote 0\n" + summary
     )
 
 
@@ -180,16 +187,37 @@ def test_train_only_prep_has_no_val_split(digits: DigitsFolders, tmp_path: Path)
     assert split_images(tmp_path, result.manifest, "train") == source_images(digits.val_dir)
 
 
-def test_val_src_needs_the_same_class_names(digits: DigitsFolders, tmp_path: Path) -> None:
+def test_val_src_needs_the_same_class_names(
+    digits: DigitsFolders, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     val = tmp_path / "val"
     shutil.copytree(digits.val_dir, val)
     (val / "3").rename(val / "three")
-    with pytest.raises(PrepError) as e:
-        prep(PrepRequest(src=str(digits.train_dir), val_src=str(val), out=str(tmp_path / "o")))
-    assert str(e.value) == (
-        f"--val-src {str(val)!r} must have the same class names as --src "
-        f"{str(digits.train_dir)!r}; missing there: ['3']; only there: ['three']"
+    argv = ["dataset", "prep", "--src", str(digits.train_dir), "--val-src", str(val)]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        f"hetero dataset prep: --val-src {str(val)!r} must have the same class names as --src "
+        f"{str(digits.train_dir)!r}; missing there: ['3']; only there: ['three']\n"
     )
+
+
+def test_an_io_error_exits_1_and_says_to_rerun(
+    digits: DigitsFolders,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def disk_full(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(prep_module.ShardWriter, "add", disk_full)
+    assert main(["dataset", "prep", "--src", str(digits.val_dir), "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        "hetero dataset prep: disk full; the finished shards are kept: rerun the same command "
+        "to resume\n"
+    )
+    # Not on a terminal (as here), no progress bar is drawn.
+    assert prep_module._progress(1).disable
 
 
 def test_webdataset_reads_the_shards(prepared: Path) -> None:
@@ -323,6 +351,44 @@ def test_verify_exits_2_on_a_manifest_that_is_not_json(
     assert rc == 2
     assert out.startswith(f"hetero dataset verify: {damaged}/manifest.json is not JSON (")
     assert out.endswith("; prepare the dataset again with `hetero dataset prep`\n")
+
+
+def test_verify_catches_a_shard_of_other_samples(damaged: Path) -> None:
+    value = json.loads((damaged / "manifest.json").read_bytes())
+    shards = value["splits"]["train"]["shards"]
+    count0, first1, count1 = shards[0]["count"], shards[1]["first"], shards[1]["count"]
+    # The first shard's entry names the second shard's file (with its size and checksum).
+    shards[0].update(name=shards[1]["name"], bytes=shards[1]["bytes"], sha256=shards[1]["sha256"])
+    (damaged / "manifest.json").write_text(json.dumps(value))
+    problems = verify(str(damaged)).problems
+    assert len(problems) == 2 * count1 + count0
+    assert (
+        problems[0]
+        == f"train/train-000001.tar: member {first1:08d}.png is not a sample of this shard"
+    )
+    assert problems[-1] == f"train/train-000001.tar: sample {count0 - 1} has no image"
+
+
+def test_verify_exits_2_when_the_counts_do_not_add_up(
+    damaged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    value = json.loads((damaged / "manifest.json").read_bytes())
+    value["splits"]["train"]["label"].append(0)
+    (damaged / "manifest.json").write_text(json.dumps(value))
+    rc, out = run_verify(damaged, capsys)
+    assert rc == 2
+    assert out == (
+        f"hetero dataset verify: {damaged}/manifest.json: splits.train: offset, size and label "
+        "have 1437, 1437 and 1438 entries; its shards hold 1437 samples; prepare the dataset "
+        "again with `hetero dataset prep`\n"
+    )
+
+
+def test_a_pinned_manifest_refuses_other_bytes(prepared: Path) -> None:
+    _, _, digest = load_manifest(str(prepared), expected_sha256=None)
+    assert load_manifest(str(prepared), expected_sha256=digest.upper())[2] == digest
+    with pytest.raises(ManifestError, match="the dataset changed since the job was planned"):
+        load_manifest(str(prepared), expected_sha256="0" * 64)
 
 
 # --- resuming --------------------------------------------------------------------------------
@@ -461,6 +527,12 @@ def test_prep_from_and_to_s3_makes_the_local_shards(digits: DigitsFolders, tmp_p
     assert verify("s3://images/prepared/", client=s3).problems == []
     again = prep(request("s3://images/digits/", "s3://images/prepared"), client=s3)
     assert again.written == [] and again.sha256 == remote.sha256
+    # A kept object whose bytes changed (same size, so a new ETag) is written again.
+    body = s3.get_object(Bucket="images", Key="prepared/train-000001.tar")["Body"].read()
+    s3.put_object(Bucket="images", Key="prepared/train-000001.tar", Body=body[::-1])
+    resumed = prep(request("s3://images/digits/", "s3://images/prepared"), client=s3)
+    assert resumed.kept == ["train-000000.tar"] and resumed.written[0] == "train-000001.tar"
+    assert resumed.sha256 == remote.sha256
     s3.delete_object(Bucket="images", Key="prepared/val-000000.tar")
     assert verify("s3://images/prepared/", client=s3, quick=True).problems == [
         "val/val-000000.tar: missing"
