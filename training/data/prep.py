@@ -705,15 +705,17 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
             locations = [loc for loc, _ in split.items[start:]]
             images = read_ordered(split.read, locations, pool, window)
             index = start
+            held: bytes | None = None  # read, but for the next shard: it did not fit
             while index < len(split.items):
                 name = _shard_name(split.name, len(records))
                 with output.shard_file(name) as f:
                     writer = ShardWriter(split.name, name, index, f)
                     while index < len(split.items):
                         label = split.items[index][1]
-                        data = next(images)
+                        data = held if held is not None else next(images)
+                        held = None
                         if not writer.fits(len(data), label, request.shard_bytes):
-                            images = _chain_one(data, images)
+                            held = data
                             break
                         writer.add(split.ext(index), data, label)
                         index += 1
@@ -750,11 +752,6 @@ def _remove_stale_shards(output: Output, manifest: Manifest) -> None:
         if _SHARD_FILE.match(name) and name not in current:
             log.info("removing %s: not a shard of this manifest", output.url(name))
             output.delete(name)
-
-
-def _chain_one(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
-    yield first
-    yield from rest
 
 
 def build_manifest(
