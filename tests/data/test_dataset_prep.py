@@ -98,7 +98,7 @@ def test_prep_lands_every_image_once_with_its_label(
     manifest, uri, digest = load_manifest(str(prepared))
     assert manifest.classes == tuple(CLASSES)
     assert manifest.source == str(digits.train_dir.resolve())
-    assert manifest.split == {"val_path": str(digits.val_dir)}
+    assert manifest.split == {"val_path": str(digits.val_dir.resolve())}
     assert split_images(prepared, manifest, "train") == source_images(digits.train_dir)
     assert split_images(prepared, manifest, "val") == source_images(digits.val_dir)
     for split, count in (("train", 1437), ("val", 360)):

@@ -458,6 +458,11 @@ def list_images(uri: str, *, flag: str, client: Any | None) -> Listing:
     return Listing(uri, list(folder.classes), items, names, lambda p: Path(p).read_bytes())
 
 
+def _where(uri: str) -> str:
+    """A source as the manifest names it: an ``s3://`` URI as given, a folder's absolute path."""
+    return uri if is_s3(uri) else str(Path(uri).resolve())
+
+
 @dataclass(frozen=True)
 class PrepRequest:
     """What ``hetero dataset prep`` was asked for."""
@@ -484,7 +489,7 @@ class PrepRequest:
     def split_settings(self) -> dict[str, Any]:
         """The manifest's ``split``: how the validation split was made ({} for none)."""
         if self.val_src is not None:
-            return {"val_path": self.val_src}
+            return {"val_path": _where(self.val_src)}
         if self.val_fraction > 0:
             return {"val_fraction": self.val_fraction, "split_seed": self.split_seed}
         return {}
@@ -497,7 +502,7 @@ def plan_splits(
     from training.data.splits import split_indices  # deferred: imports torchvision
 
     train = list_images(request.src, flag="--src", client=client)
-    source = train.uri if is_s3(train.uri) else str(Path(train.uri).resolve())
+    source = _where(train.uri)
     if request.val_src is not None:
         val = list_images(request.val_src, flag="--val-src", client=client)
         if val.classes != train.classes:
