@@ -320,7 +320,7 @@ class LocalOutput(Output):
     @contextlib.contextmanager
     def shard_file(self, name: str) -> Iterator[IO[bytes]]:
         partial = self.root / f"{name}.partial"
-        with open(partial, "wb") as f:
+        with open(partial, "wb", buffering=_CHUNK) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -371,7 +371,7 @@ class S3Output(Output):
 
     @contextlib.contextmanager
     def shard_file(self, name: str) -> Iterator[IO[bytes]]:
-        with tempfile.TemporaryFile(prefix="hetero-shard-") as f:
+        with tempfile.TemporaryFile(prefix="hetero-shard-", buffering=_CHUNK) as f:
             yield f
             f.flush()
             f.seek(0)
