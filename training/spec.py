@@ -95,6 +95,8 @@ class DatasetSource(StrEnum):
     SYNTHETIC = "synthetic"
     FOLDER = "folder"
     S3 = "s3"
+    SHARDS = "shards"
+    """A dataset ``hetero dataset prep`` wrote: tar shards and a manifest, local or in S3."""
 
 
 class Recipe(StrEnum):
@@ -230,7 +232,9 @@ class ModelSpec:
 class DatasetSpec:
     source: DatasetSource = DatasetSource.SYNTHETIC
     path: str | None = None
-    """Folder (ImageFolder layout) for ``folder``; ``s3://bucket/prefix/`` for ``s3``."""
+    """Folder (ImageFolder layout) for ``folder``; ``s3://bucket/prefix/`` for ``s3``; for
+    ``shards``, the folder or ``s3://`` prefix ``hetero dataset prep --out`` wrote (or its
+    ``manifest.json``)."""
     num_samples: int = 50_000
     """Synthetic only: images per epoch."""
     num_classes: int = 1000
@@ -246,10 +250,29 @@ class DatasetSpec:
     split_seed: int = 0
     """Seed of the ``val_fraction`` split (kept apart from ``job.seed``, so changing the
     training seed keeps the same validation set)."""
+    manifest_sha256: str | None = None
+    """``shards``: the manifest's checksum (``hetero dataset prep`` and ``verify`` print it);
+    a job whose manifest has other bytes refuses to start (the dataset changed under it)."""
+    shuffle_shards: int = 8
+    """``shards``: how many shards an epoch shuffles together (a seeded order of the shards,
+    then of the samples of each run of this many); more mixes better and keeps more shards in
+    use at once."""
+    cache_dir: str | None = None
+    """``shards`` in S3: the folder for the local shard cache (default: ``$TMPDIR``'s
+    ``hetero-shards``)."""
+    cache_gb: float | None = None
+    """``shards`` in S3: the cache's size cap (default: the dataset's size, at most 80% of
+    the free space in ``cache_dir``)."""
 
     @property
     def has_validation(self) -> bool:
-        return self.val_path is not None or self.val_fraction > 0
+        """``shards`` carry their validation split in the manifest (``hetero dataset prep
+        --val-src`` or ``--val-fraction``)."""
+        return (
+            self.source is DatasetSource.SHARDS
+            or self.val_path is not None
+            or self.val_fraction > 0
+        )
 
 
 @dataclass(frozen=True)
@@ -811,8 +834,31 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
             r.problem("path", "source 'folder' needs path = a folder of class sub-folders")
         if source is DatasetSource.S3 and not (path and path.startswith("s3://")):
             r.problem("path", "source 's3' needs path = 's3://bucket/prefix/'")
+        if source is DatasetSource.SHARDS and not path:
+            r.problem(
+                "path",
+                "source 'shards' needs path = the folder or s3:// prefix that `hetero dataset "
+                "prep --out` wrote",
+            )
         val_path = r.get(ds_t, "val_path", str, None)
         val_fraction = _fraction(r, ds_t, "val_fraction", 0.0, high=0.5)
+        if source is DatasetSource.SHARDS and (val_path is not None or val_fraction):
+            r.problem(
+                "val_path" if val_path is not None else "val_fraction",
+                "source 'shards' takes its validation split from the manifest; prepare the "
+                "dataset with `hetero dataset prep --val-src` or `--val-fraction` instead",
+            )
+        manifest_sha256 = r.get(ds_t, "manifest_sha256", str, None)
+        if manifest_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", manifest_sha256):
+            r.problem("manifest_sha256", "expected the 64 hex digits hetero dataset verify prints")
+        shards_keys = ("manifest_sha256", "shuffle_shards", "cache_dir", "cache_gb")
+        if source is not DatasetSource.SHARDS:
+            for key in shards_keys:
+                if key in ds_t:
+                    r.problem(key, "only for source 'shards'")
+        cache_gb = r.get(ds_t, "cache_gb", (int, float), None)
+        if cache_gb is not None and (isinstance(cache_gb, bool) or not cache_gb > 0):
+            r.problem("cache_gb", f"expected a size in GB above 0, got {cache_gb!r}")
         if val_path is not None:
             if val_fraction:
                 r.problem(
@@ -837,6 +883,10 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
             val_path=val_path,
             val_fraction=val_fraction,
             split_seed=r.get(ds_t, "split_seed", int, d.dataset.split_seed),
+            manifest_sha256=manifest_sha256.lower() if manifest_sha256 else None,
+            shuffle_shards=r.positive(ds_t, "shuffle_shards", d.dataset.shuffle_shards),
+            cache_dir=r.get(ds_t, "cache_dir", str, None),
+            cache_gb=float(cache_gb) if isinstance(cache_gb, int | float) else None,
         )
 
     with r.at("augmentation"):
@@ -886,7 +936,7 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
             r.problem(
                 None,
                 "no validation set to evaluate on; set job.dataset.val_path or "
-                "job.dataset.val_fraction",
+                "job.dataset.val_fraction (source 'shards': the manifest's val split)",
             )
 
     targets_raw = r.get(t, "accuracy_targets", list, [])

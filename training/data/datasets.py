@@ -216,6 +216,12 @@ def build_dataset(spec: DatasetSpec) -> ImageSource:
         if not spec.path:
             raise ValueError("job.dataset.path is required for source 's3'")
         source = S3Images(spec.path)
+    elif spec.source is DatasetSource.SHARDS:
+        if not spec.path:
+            raise ValueError("job.dataset.path is required for source 'shards'")
+        from training.data.shard_source import shard_splits
+
+        source = shard_splits(spec)[0]  # the training split: a prepared dataset is split
     else:  # pragma: no cover - the spec's enum is exhaustive
         raise ValueError(f"unknown dataset source {spec.source!r}")
     log.info("dataset: %s", source.describe())

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from training.data.augment import load_image
 from training.data.batch import Batch
 from training.data.datasets import ImageSource
-from training.data.order import epoch_order, epoch_seed
+from training.data.order import epoch_seed, order_for
 from training.data.splits import build_split
 from training.data.transforms import Transform, build_transform
 from training.spec import JobSpec
@@ -79,7 +79,7 @@ def local_loader(
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     source = source if source is not None else build_split(job.dataset, "train")
     transform = build_transform(job.augmentation, job.dataset.image_size)
-    order = epoch_order(job.seed, epoch, len(source))
+    order = order_for(source, job.seed, epoch)
     shard = order[rank::world_size].tolist()
     workers = num_workers if num_workers is not None else len(os.sched_getaffinity(0))
     return DataLoader(

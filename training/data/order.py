@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -26,3 +28,47 @@ def batch_seed(seed: int, epoch: int, position: int) -> int:
     is augmented the same way whichever data server makes it."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, position])
     return int(state.generate_state(1, np.uint32)[0])
+
+
+def shard_epoch_order(
+    seed: int, epoch: int, shard_counts: Sequence[int], window: int
+) -> torch.Tensor:
+    """The epoch's permutation of a sharded split (shard ``k`` holds the ``shard_counts[k]``
+    samples after shard ``k - 1``'s): a seeded order of the shards, then, for each run of
+    ``window`` shards in that order, a seeded order of all their samples. Deterministic in
+    (seed, epoch, shard_counts, window).
+
+    What it does to shuffle quality: a sample's neighbours in the epoch come from the
+    ``window`` shards of its run, not from the whole dataset, so prep must spread classes over
+    the shards (``hetero dataset prep`` shuffles before it shards); a batch then mixes up to
+    ``window`` random shards, and the run order changes every epoch. What it buys: the
+    positions of a run read only its ``window`` shards, so a data server serving a range reads
+    a few whole shards, not one object per sample."""
+    counts = [int(c) for c in shard_counts]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"shard_counts must be a non-empty list of counts >= 1, got {counts[:5]}")
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    starts = [0]
+    for c in counts[:-1]:
+        starts.append(starts[-1] + c)
+    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    shards = torch.randperm(len(counts), generator=generator).tolist()
+    parts = []
+    for w in range(0, len(shards), window):
+        run = torch.cat(
+            [torch.arange(starts[k], starts[k] + counts[k]) for k in shards[w : w + window]]
+        )
+        parts.append(run[torch.randperm(run.numel(), generator=generator)])
+    return torch.cat(parts)
+
+
+def order_for(source: object, seed: int, epoch: int) -> torch.Tensor:
+    """The epoch's order of ``source``: shard-aware for a sharded source (one with a
+    ``shard_layout()`` of (shard counts, window)), else ``epoch_order``. Every process that
+    orders the same source asks this, so they agree."""
+    layout = getattr(source, "shard_layout", None)
+    if callable(layout):
+        counts, window = layout()
+        return shard_epoch_order(seed, epoch, counts, window)
+    return epoch_order(seed, epoch, len(source))  # type: ignore[arg-type]

@@ -6,6 +6,8 @@ images are trained on and which are held out.
   ``SubsetImages`` of it and never share an image.
 - ``val_path``: the training split is ``path``'s source, the validation split ``val_path``'s,
   with the same class names (so label ``i`` means the same class in both).
+- source ``shards``: both splits are the prepared dataset's own (``hetero dataset prep`` made
+  them; ``training/data/shard_source.py``), from one manifest.
 
 Every consumer of training images (the local loader, the trainer's local input, the data
 server and its worker processes) takes ``build_split(spec, "train")`` (or ``build_splits``), so
@@ -143,6 +145,13 @@ def build_splits(
     """``(training source, validation source or None)`` for ``spec``. ``full`` is
     ``build_dataset(spec)`` when the caller has it already (it is not listed again). Raises
     ``ValueError`` naming the field to fix."""
+    if spec.source is DatasetSource.SHARDS:
+        from training.data.shard_source import shard_splits
+
+        train_shards, val_shards = shard_splits(spec)  # the split the manifest holds
+        if val_shards is not None:
+            log.info("validation split: %s", val_shards.describe())
+        return train_shards, val_shards
     whole = full if full is not None else build_dataset(spec)
     if spec.val_path is not None:
         val = _val_source(spec)
@@ -179,5 +188,9 @@ def build_split(spec: DatasetSpec, split: Split | str) -> ImageSource:
     train, val = build_splits(spec)
     if which is Split.TRAIN:
         return train
-    assert val is not None
+    if val is None:  # a prepared dataset without a validation split
+        raise ValueError(
+            f"job.dataset.path {spec.path!r}: the prepared dataset has no validation split; "
+            "prepare it with `hetero dataset prep --val-src` or `--val-fraction`"
+        )
     return val

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from training.data.augment import AugmentedSamples
-from training.data.order import batch_seed, epoch_order
+from training.data.order import batch_seed
 from training.data.splits import Split, parse_split
 from training.data.transforms import EvalTransform, decode_recipe, encode_recipe
 from training.dataplane.budget import MB, ByteBudget, default_memory_budget_bytes
@@ -153,7 +153,7 @@ class DataPlaneServicer:
             if key in self._orders:
                 self._orders.move_to_end(key)
                 return self._orders[key]
-        order = epoch_order(seed, epoch, self._source.num_samples)
+        order = self._source.order(seed, epoch)
         with self._orders_lock:
             self._orders[key] = order
             while len(self._orders) > 4:

@@ -20,6 +20,7 @@ import torch
 
 from training.data.augment import AugmentedSamples, augment_samples
 from training.data.datasets import ImageSource
+from training.data.order import epoch_order, order_for
 from training.data.splits import Split, build_splits
 from training.data.transforms import EvalTransform, Transform, TransformSpec, build_transform
 from training.dataplane.lifetime import init_worker_lifetime, start_guarded_forkserver
@@ -55,6 +56,10 @@ class BatchSource(Protocol):
     workers: int
 
     def submit(self, work: BatchWork) -> Future[AugmentedSamples]: ...
+
+    def order(self, seed: int, epoch: int) -> torch.Tensor:
+        """The training split's order for the epoch (``training.data.order.order_for``)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -180,6 +185,9 @@ class AugmentingBatchSource:
                 self._executor = self._new_executor()
                 raise
 
+    def order(self, seed: int, epoch: int) -> torch.Tensor:
+        return order_for(self._source, seed, epoch)
+
     def warm_up(self) -> None:
         """Start every worker and build its dataset and transform now, not on the first request."""
         n = min(self.num_samples, 1)
@@ -223,6 +231,9 @@ class PremadeBatchSource:
         future: Future[AugmentedSamples] = Future()
         future.set_result(AugmentedSamples(self._pixels[:n], ids % self.num_classes, ids, []))
         return future
+
+    def order(self, seed: int, epoch: int) -> torch.Tensor:
+        return epoch_order(seed, epoch, self.num_samples)
 
     def close(self) -> None:
         pass

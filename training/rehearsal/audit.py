@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -100,8 +100,11 @@ def audit_samples(
     seed: int,
     layout: Layout,
     grad_accum_steps: int = 1,
+    order: Callable[[int], Any] | None = None,
 ) -> list[EpochAudit]:
-    """One ``EpochAudit`` per epoch that has records (see the module docstring)."""
+    """One ``EpochAudit`` per epoch that has records (see the module docstring). ``order``
+    gives an epoch's order when it is not ``epoch_order(seed, epoch, num_samples)`` (a sharded
+    source: ``training.data.order.order_for``)."""
     from training.data.order import epoch_order  # torch: only when auditing
 
     final = last_wins(records)
@@ -118,7 +121,7 @@ def audit_samples(
         # counts as planned, so its samples show up as lost rather than vanish from the plan.
         batches = (last_step - previous_last_step) * grad_accum_steps
         previous_last_step = last_step
-        order = epoch_order(seed, epoch, num_samples)
+        permutation = order(epoch) if order else epoch_order(seed, epoch, num_samples)
         positions = planned_positions(
             num_samples=num_samples,
             world_size=world,
@@ -126,7 +129,7 @@ def audit_samples(
             batches=batches,
             layout=layout,
         )
-        planned = {int(order[p]) for p in positions}
+        planned = {int(permutation[p]) for p in positions}
         counts = Counter(i for r in recs for i in r.sample_ids)
         lost = sorted(planned - counts.keys())
         repeated = sorted(i for i, n in counts.items() if n > 1)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from training.data.order import order_for
 from training.data.splits import Split, build_split
 from training.rehearsal import audit, params, report
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, region_for
@@ -377,13 +378,15 @@ def _audit(
     started_wall: float,
 ) -> dict[str, Any]:
     job = spec.job
+    train = build_split(job.dataset, Split.TRAIN)  # the order covers training only
     epochs = audit.audit_samples(
         records,
-        num_samples=len(build_split(job.dataset, Split.TRAIN)),  # the order covers training only
+        num_samples=len(train),
         batch_size=job.batch_size,
         seed=job.seed,
         layout=audit.layout_for(spec),
         grad_accum_steps=job.grad_accum_steps,
+        order=lambda epoch: order_for(train, job.seed, epoch),
     )
     runs: list[InstanceRun] = simulator.runs() if simulator is not None else []
     worker_starts = [s for r in runs for s in r.worker_starts.values()]
