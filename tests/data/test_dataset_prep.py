@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
 import boto3
 import pytest
@@ -250,6 +251,37 @@ def test_images_are_read_concurrently_in_order_with_a_bound() -> None:
     assert got == [loc.encode() for loc in locations]
     assert most == 8  # every thread busy, never more than the pool
     assert elapsed < 200 * 0.01 / 3  # sequential reads would take 2 s
+
+
+def test_a_shard_is_committed_while_the_next_is_written(
+    digits: DigitsFolders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    real_open, real_commit = prep_module.LocalOutput.open_shard, prep_module.LocalOutput.commit
+
+    def open_shard(self: prep_module.LocalOutput, name: str) -> IO[bytes]:
+        events.append(f"open {name}")
+        return real_open(self, name)
+
+    def slow_commit(
+        self: prep_module.LocalOutput, f: IO[bytes], record: prep_module.ShardRecord
+    ) -> prep_module.ShardRecord:
+        time.sleep(0.2)  # an upload
+        events.append(f"committed {record.name}")
+        return real_commit(self, f, record)
+
+    monkeypatch.setattr(prep_module.LocalOutput, "open_shard", open_shard)
+    monkeypatch.setattr(prep_module.LocalOutput, "commit", slow_commit)
+    prep(PrepRequest(src=str(digits.val_dir), out=str(tmp_path), shard_bytes=SHARD))
+    # The next shard is written during the commit, and never more than one commit waits.
+    assert events == [
+        "open train-000000.tar",
+        "open train-000001.tar",
+        "committed train-000000.tar",
+        "open train-000002.tar",
+        "committed train-000001.tar",
+        "committed train-000002.tar",
+    ]
 
 
 # --- verify ----------------------------------------------------------------------------------

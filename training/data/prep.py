@@ -18,7 +18,6 @@ manifest is written last, whole (local: temporary file and rename; S3: one PutOb
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -277,20 +276,19 @@ class Output:
         """The names of the files in the folder (not in its sub-folders)."""
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def shard_file(self, name: str) -> Iterator[IO[bytes]]:
-        """A file to write shard ``name`` into; it is in place (whole) once the block ends
-        without an exception, and absent under ``name`` otherwise."""
+    def open_shard(self, name: str) -> IO[bytes]:
+        """A file to write shard ``name`` into; nothing is under ``name`` until ``commit``."""
         raise NotImplementedError
-        yield  # pragma: no cover
+
+    def commit(self, f: IO[bytes], record: ShardRecord) -> ShardRecord:
+        """Put the whole shard written to ``f`` (from ``open_shard``) in place under
+        ``record.name`` and close ``f``; ``record`` with what the output learns of it then (S3:
+        its ETag)."""
+        raise NotImplementedError
 
     def intact(self, record: ShardRecord) -> bool:
         """Whether the shard ``record`` describes is still there, unchanged."""
         raise NotImplementedError
-
-    def finish(self, record: ShardRecord) -> ShardRecord:
-        """``record`` with what this output learns of the shard once written (S3: its ETag)."""
-        return record
 
 
 class LocalOutput(Output):
@@ -317,14 +315,15 @@ class LocalOutput(Output):
     def names(self) -> list[str]:
         return [p.name for p in self.root.iterdir() if p.is_file()]
 
-    @contextlib.contextmanager
-    def shard_file(self, name: str) -> Iterator[IO[bytes]]:
-        partial = self.root / f"{name}.partial"
-        with open(partial, "wb", buffering=_CHUNK) as f:
-            yield f
+    def open_shard(self, name: str) -> IO[bytes]:
+        return open(self.root / f"{name}.partial", "wb", buffering=_CHUNK)
+
+    def commit(self, f: IO[bytes], record: ShardRecord) -> ShardRecord:
+        with f:
             f.flush()
             os.fsync(f.fileno())
-        os.replace(partial, self.root / name)
+        os.replace(self.root / f"{record.name}.partial", self.root / record.name)
+        return record
 
     def intact(self, record: ShardRecord) -> bool:
         path = self.root / record.name
@@ -369,16 +368,15 @@ class S3Output(Output):
             found += [obj["Key"][len(self.prefix) :] for obj in page.get("Contents", [])]
         return found
 
-    @contextlib.contextmanager
-    def shard_file(self, name: str) -> Iterator[IO[bytes]]:
-        with tempfile.TemporaryFile(prefix="hetero-shard-", buffering=_CHUNK) as f:
-            yield f
+    def open_shard(self, name: str) -> IO[bytes]:
+        return tempfile.TemporaryFile(prefix="hetero-shard-", buffering=_CHUNK)
+
+    def commit(self, f: IO[bytes], record: ShardRecord) -> ShardRecord:
+        with f:
             f.flush()
             f.seek(0)
             # Managed transfer: multipart (and concurrent parts) for big shards.
-            self.client.upload_fileobj(f, self.bucket, self.prefix + name)
-
-    def finish(self, record: ShardRecord) -> ShardRecord:
+            self.client.upload_fileobj(f, self.bucket, self.prefix + record.name)
         head = self._head(record.name)
         if head is None or int(head["ContentLength"]) != record.bytes:
             raise PrepError(f"{self.url(record.name)} is not the shard just uploaded")
@@ -694,17 +692,27 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
         # Shards are about to change: a manifest of an earlier prep must not outlive them.
         output.delete(MANIFEST_NAME)
 
+    def commit(f: IO[bytes], record: ShardRecord) -> None:
+        record = output.commit(f, record)
+        state.shards.append(record)
+        state.save()
+        log.info("%s: %d samples, %d bytes", record.name, record.count, record.bytes)
+
     total = sum(len(s.items) for s in splits)
     done = sum(r.count for r in kept)
     window = request.read_threads * _READ_AHEAD_PER_THREAD
+    # One committer thread puts each finished shard in place (S3: uploads it) and records it,
+    # in order, while the next shard is written: at most two shards are on local disk.
+    committing: Future[None] | None = None
     with (
         ThreadPoolExecutor(request.read_threads, thread_name_prefix="prep-read") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="prep-commit") as committer,
         _progress(total) as progress,
     ):
         task = progress.add_task("prep", total=total, completed=done)
         for split in splits:
-            records = [r for r in kept if r.split == split.name]
-            start = sum(r.count for r in records)
+            number = sum(1 for r in kept if r.split == split.name)
+            start = sum(r.count for r in kept if r.split == split.name)
             if start >= len(split.items):
                 continue
             locations = [loc for loc, _ in split.items[start:]]
@@ -712,8 +720,9 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
             index = start
             held: bytes | None = None  # read, but for the next shard: it did not fit
             while index < len(split.items):
-                name = _shard_name(split.name, len(records))
-                with output.shard_file(name) as f:
+                name = _shard_name(split.name, number)
+                f = output.open_shard(name)
+                try:
                     writer = ShardWriter(split.name, name, index, f)
                     while index < len(split.items):
                         label = split.items[index][1]
@@ -726,12 +735,16 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
                         index += 1
                         progress.advance(task)
                     record = writer.close()
-                record = output.finish(record)
-                records.append(record)
-                state.shards.append(record)
-                state.save()
+                    if committing is not None:
+                        committing.result()  # the previous shard is in place and recorded
+                except BaseException:
+                    f.close()
+                    raise
+                committing = committer.submit(commit, f, record)
                 result_written.append(name)
-                log.info("%s: %d samples, %d bytes", name, record.count, record.bytes)
+                number += 1
+        if committing is not None:
+            committing.result()
 
     manifest = build_manifest(classes, splits, state.shards, source, request.split_settings())
     data = manifest.dumps()
