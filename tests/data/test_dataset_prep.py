@@ -188,6 +188,25 @@ def test_train_only_prep_has_no_val_split(digits: DigitsFolders, tmp_path: Path)
     assert split_images(tmp_path, result.manifest, "train") == source_images(digits.val_dir)
 
 
+def test_an_image_bigger_than_a_shard_gets_one_to_itself(
+    digits: DigitsFolders, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    for cls in ("a", "b"):
+        (src / cls).mkdir(parents=True)
+        for i, path in enumerate(sorted((digits.val_dir / "1").iterdir())[:2]):
+            # Extensions are kept, lower-cased: WebDataset's decoders match them by name.
+            shutil.copy(path, src / cls / f"{i}.{'PNG' if cls == 'b' else 'png'}")
+    result = prep(PrepRequest(src=str(src), out=str(tmp_path / "out"), shard_bytes=1))
+    index = result.manifest.splits["train"]
+    assert [(s.name, s.first, s.count) for s in index.shards] == [
+        (f"train-00000{i}.tar", i, 1) for i in range(4)
+    ]
+    with tarfile.open(tmp_path / "out" / "train-000003.tar") as tar:
+        assert tar.getnames() == ["00000003.png", "00000003.cls"]
+    assert index.label == (0, 0, 1, 1)
+
+
 def test_val_src_needs_the_same_class_names(
     digits: DigitsFolders, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
