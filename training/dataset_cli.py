@@ -29,6 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fraction and seed)",
     )
     p.add_argument("--split-seed", type=int, default=0, help="the split's seed (default: 0)")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument(
+        "--shuffle-seed",
+        type=int,
+        default=0,
+        help="seed of the samples' order in the shards, so each shard holds a random sample of "
+        "the classes (default: 0)",
+    )
+    order.add_argument(
+        "--no-shuffle",
+        dest="shuffle_seed",
+        action="store_const",
+        const=None,
+        help="keep the listing's order (class by class): only for a dataset read whole",
+    )
     p.add_argument("--out", required=True, help="where the shards and manifest go: folder or s3://")
     p.add_argument(
         "--shard-mb", type=float, default=256.0, help="most MiB per shard (default: 256)"
@@ -81,6 +96,7 @@ def run_prep(args: argparse.Namespace) -> int:
         shard_bytes=int(args.shard_mb * MIB),
         read_threads=args.read_threads,
         restart=args.restart,
+        shuffle_seed=args.shuffle_seed,
     )
     try:
         result = prep(request)

@@ -16,18 +16,18 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import boto3
 import pytest
 from moto import mock_aws
+from realdata import DigitsFolders, write_digits
 
-from tests.realdata import DigitsFolders, write_digits
 from training.cli import main
 from training.data import prep as prep_module
 from training.data.datasets import FolderImages
 from training.data.manifest import Manifest, ManifestError, load_manifest
-from training.data.prep import PrepError, PrepRequest, prep, read_ordered, verify
+from training.data.prep import PrepError, PrepRequest, prep, read_ordered, shuffle_order, verify
 from training.data.splits import SubsetImages, split_indices
 
 SHARD = 512 * 1024  # small shards: the 1,437 training digits take 9, the 360 validation ones 3
@@ -52,14 +52,23 @@ def prepared(digits: DigitsFolders, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
-def source_images(root: Path) -> list[tuple[str, str]]:
+T = TypeVar("T")
+
+
+def source_images(root: Path, shuffle_seed: int | None = 0) -> list[tuple[str, str]]:
     """(sha256, class name) of every image under ``root``, in class order then file order
-    (sorted names, as ImageFolder lists them): the order prep promises."""
-    return [
+    (sorted names, as ImageFolder lists them), then in the seeded order prep promises."""
+    listed = [
         (sha(path.read_bytes()), cls.name)
         for cls in sorted(root.iterdir())
         for path in sorted(cls.iterdir(), key=lambda p: p.name)
     ]
+    return shuffled(listed, shuffle_seed)
+
+
+def shuffled(items: list[T], seed: int | None) -> list[T]:
+    """``items`` in prep's seeded order (``prep.shuffle_order``; None: as they are)."""
+    return items if seed is None else [items[i] for i in shuffle_order(len(items), seed)]
 
 
 def tar_samples(shard: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -99,7 +108,7 @@ def test_prep_lands_every_image_once_with_its_label(
     manifest, uri, digest = load_manifest(str(prepared))
     assert manifest.classes == tuple(CLASSES)
     assert manifest.source == str(digits.train_dir.resolve())
-    assert manifest.split == {"val_path": str(digits.val_dir.resolve())}
+    assert manifest.split == {"shuffle_seed": 0, "val_path": str(digits.val_dir.resolve())}
     assert split_images(prepared, manifest, "train") == source_images(digits.train_dir)
     assert split_images(prepared, manifest, "val") == source_images(digits.val_dir)
     for split, count in (("train", 1437), ("val", 360)):
@@ -168,7 +177,7 @@ def test_val_fraction_is_the_trainers_split(digits: DigitsFolders, tmp_path: Pat
     prep(PrepRequest(src=str(digits.train_dir), out=str(out), val_fraction=0.2, split_seed=7,
                      shard_bytes=SHARD))  # fmt: skip
     manifest, _, _ = load_manifest(str(out))
-    assert manifest.split == {"val_fraction": 0.2, "split_seed": 7}
+    assert manifest.split == {"shuffle_seed": 0, "val_fraction": 0.2, "split_seed": 7}
     # The trainer's split of the same folder for the same fraction and seed.
     whole = FolderImages(digits.train_dir)
     train_idx, val_idx = split_indices(len(whole), 0.2, 7)
@@ -177,15 +186,37 @@ def test_val_fraction_is_the_trainers_split(digits: DigitsFolders, tmp_path: Pat
         expected = [
             (sha(subset.read(i)), whole.classes[subset.label(i)]) for i in range(len(subset))
         ]
-        assert split_images(out, manifest, split) == expected
+        assert split_images(out, manifest, split) == shuffled(expected, 0)
     assert (len(manifest.splits["train"]), len(manifest.splits["val"])) == (1150, 287)
     assert verify(str(out)).problems == []
 
 
 def test_train_only_prep_has_no_val_split(digits: DigitsFolders, tmp_path: Path) -> None:
     result = prep(PrepRequest(src=str(digits.val_dir), out=str(tmp_path), shard_bytes=SHARD))
-    assert list(result.manifest.splits) == ["train"] and result.manifest.split == {}
+    assert list(result.manifest.splits) == ["train"]
+    assert result.manifest.split == {"shuffle_seed": 0}
     assert split_images(tmp_path, result.manifest, "train") == source_images(digits.val_dir)
+
+
+def test_the_shuffle_spreads_the_classes_over_the_shards_and_can_be_turned_off(
+    digits: DigitsFolders, tmp_path: Path
+) -> None:
+    """The shard-aware epoch order mixes a few shards at a time: each shard must hold a random
+    sample of the classes, not one or two of them."""
+    mixed = prep(PrepRequest(src=str(digits.train_dir), out=str(tmp_path / "a"), shard_bytes=SHARD))
+    index = mixed.manifest.splits["train"]
+    for shard in index.shards:
+        labels = index.label[shard.first : shard.first + shard.count]
+        assert len(set(labels)) == len(CLASSES), f"{shard.name}: classes {sorted(set(labels))}"
+    other = prep(PrepRequest(src=str(digits.train_dir), out=str(tmp_path / "b"),
+                             shard_bytes=SHARD, shuffle_seed=1))  # fmt: skip
+    assert other.manifest.splits["train"].label != index.label
+    listed = prep(PrepRequest(src=str(digits.train_dir), out=str(tmp_path / "c"),
+                              shard_bytes=SHARD, shuffle_seed=None))  # fmt: skip
+    assert list(listed.manifest.splits["train"].label) == sorted(index.label)
+    assert split_images(tmp_path / "c", listed.manifest, "train") == source_images(
+        digits.train_dir, None
+    )
 
 
 def test_an_image_bigger_than_a_shard_gets_one_to_itself(
@@ -204,7 +235,7 @@ def test_an_image_bigger_than_a_shard_gets_one_to_itself(
     ]
     with tarfile.open(tmp_path / "out" / "train-000003.tar") as tar:
         assert tar.getnames() == ["00000003.png", "00000003.cls"]
-    assert index.label == (0, 0, 1, 1)
+    assert sorted(index.label) == [0, 0, 1, 1]
 
 
 def test_val_src_needs_the_same_class_names(
@@ -368,8 +399,9 @@ def test_verify_catches_an_edited_offset_or_label(
 ) -> None:
     manifest, _, _ = load_manifest(str(damaged))
     train = manifest.splits["train"]
-    offset, size, label = train.offset[3], train.size[3], train.label[3]
-    uri = edit_manifest(damaged, {"train.offset.3": offset + 512, "train.label.7": label + 1})
+    offset, size, label = train.offset[3], train.size[3], train.label[7]
+    wrong = (label + 1) % len(CLASSES)
+    uri = edit_manifest(damaged, {"train.offset.3": offset + 512, "train.label.7": wrong})
     rc, out = run_verify(damaged, capsys)
     assert (rc, out) == (
         1,
@@ -377,7 +409,7 @@ def test_verify_catches_an_edited_offset_or_label(
         f"  train/train-000000.tar: sample 3: the manifest's offset {offset + 512}, size {size} "
         f"is not its image 00000003.png (offset {offset}, size {size})\n"
         f"  train/train-000000.tar: sample 7: 00000007.cls holds b'{label}', the manifest's "
-        f"label is {label + 1}\n",
+        f"label is {wrong}\n",
     )
 
 

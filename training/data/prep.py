@@ -2,9 +2,12 @@
 into tar shards in WebDataset's layout plus the manifest of ``training/data/manifest.py``, and
 the check of a prepared dataset against its manifest.
 
-Shards are deterministic: samples go in the order the trainer lists them (``FolderImages`` /
-``S3Images``: classes sorted, then files sorted), the validation split is ``split_indices``'
-(the trainer's own for the same ``val_fraction``/``split_seed``) or a separate folder, and every
+Shards are deterministic: each split's samples (listed as the trainer lists them,
+``FolderImages`` / ``S3Images``: classes sorted, then files sorted) go in a seeded shuffled order
+(``--shuffle-seed``, ``shuffle_order``) so that every shard holds a random sample of the classes
+(the shard-aware epoch order mixes a few shards at a time: ``training/data/order.py``); the
+validation split is ``split_indices``' (the trainer's own set of images for the same
+``val_fraction``/``split_seed``) or a separate folder, and every
 tar header is fixed (mtime 0, uid/gid 0, no owner names, mode 0o644, ustar), so the same input
 gives byte-identical shards and manifest. A shard is closed before the next sample would take it
 past ``shard_bytes`` (a shard holds at least one sample).
@@ -473,6 +476,9 @@ class PrepRequest:
     shard_bytes: int = int(DEFAULT_SHARD_MB * MIB)
     read_threads: int = DEFAULT_READ_THREADS
     restart: bool = False
+    shuffle_seed: int | None = 0
+    """The seed of each split's sample order in the shards; None: the listing's order (class
+    by class: only for datasets read whole, never with the shard-aware epoch order)."""
 
     def check(self) -> None:
         if self.val_src is not None and self.val_fraction > 0:
@@ -485,18 +491,52 @@ class PrepRequest:
             raise PrepError("--read-threads must be at least 1")
 
     def split_settings(self) -> dict[str, Any]:
-        """The manifest's ``split``: how the validation split was made ({} for none)."""
+        """The manifest's ``split``: how the splits were made (the sample order's seed, and the
+        validation split's source or fraction)."""
+        settings: dict[str, Any] = {"shuffle_seed": self.shuffle_seed}
         if self.val_src is not None:
-            return {"val_path": _where(self.val_src)}
-        if self.val_fraction > 0:
-            return {"val_fraction": self.val_fraction, "split_seed": self.split_seed}
-        return {}
+            settings["val_path"] = _where(self.val_src)
+        elif self.val_fraction > 0:
+            settings.update(val_fraction=self.val_fraction, split_seed=self.split_seed)
+        return settings
+
+
+_SHUFFLE_TAG = 0x5A4D
+
+
+def shuffle_order(n: int, seed: int) -> list[int]:
+    """A seeded permutation of ``range(n)``, the same on any machine and numpy version (from
+    PCG64's raw output for a ``SeedSequence``, as ``split_indices``)."""
+    import numpy as np
+
+    bits = np.random.PCG64(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, _SHUFFLE_TAG]))
+    return [int(i) for i in np.argsort(bits.random_raw(n), kind="stable")]
+
+
+def _shuffled(split: SplitSource, seed: int | None) -> SplitSource:
+    if seed is None:
+        return split
+    order = shuffle_order(len(split.items), seed)
+    return SplitSource(
+        split.name,
+        [split.items[i] for i in order],
+        [split.names[i] for i in order],
+        split.read,
+    )
 
 
 def plan_splits(
     request: PrepRequest, client: Any | None
 ) -> tuple[list[str], list[SplitSource], str]:
     """(class names, the splits to write in order, the source's URI for the manifest)."""
+    classes, splits, source = _listed_splits(request, client)
+    return classes, [_shuffled(s, request.shuffle_seed) for s in splits], source
+
+
+def _listed_splits(
+    request: PrepRequest, client: Any | None
+) -> tuple[list[str], list[SplitSource], str]:
+    """The splits in the listing's order (class by class)."""
     from training.data.splits import split_indices  # deferred: imports torchvision
 
     train = list_images(request.src, flag="--src", client=client)
@@ -553,6 +593,7 @@ def inputs_identity(request: PrepRequest, splits: Sequence[SplitSource]) -> dict
         "val_src": request.val_src,
         "val_fraction": request.val_fraction,
         "split_seed": request.split_seed if request.val_fraction > 0 else None,
+        "shuffle_seed": request.shuffle_seed,
         "shard_bytes": request.shard_bytes,
         "listing_sha256": listing.hexdigest(),
     }
