@@ -60,25 +60,26 @@ def tree_size(run: InstanceRun) -> int:
     return len(run.live_processes())
 
 
-def test_trees_follow_instances(aws: AwsEmulator, small_spec: Path, tmp_path: Path) -> None:
-    names = aws.provision(load_spec(small_spec))
+def simulator(aws: AwsEmulator, spec: Path, tmp_path: Path) -> tuple[GroupSimulator, EventLog]:
+    """A simulator of ``spec``'s groups (provisioned in moto) running the stand-in launcher."""
     events = EventLog(echo=lambda line: None)
     ctx = InstanceContext(
-        names=names,
+        names=aws.provision(load_spec(spec)),
         moto_url=aws.endpoint_url,
         s3_url=aws.endpoint_url,
         sample_dir=tmp_path / "samples",
         run_id=uuid.uuid4().hex,
     )
     sim = GroupSimulator(
-        aws=aws,
-        ctx=ctx,
-        spec_path=small_spec,
-        out_dir=tmp_path,
-        events=events,
-        poll_s=0.2,
+        aws=aws, ctx=ctx, spec_path=spec, out_dir=tmp_path, events=events, poll_s=0.2,
         command=stand_in,
-    )
+    )  # fmt: skip
+    return sim, events
+
+
+def test_trees_follow_instances(aws: AwsEmulator, small_spec: Path, tmp_path: Path) -> None:
+    sim, events = simulator(aws, small_spec, tmp_path)
+    names = sim.ctx.names
     sim.start()
     try:
         wait_for(lambda: len(sim.runs()) == 3)
@@ -158,24 +159,7 @@ def test_launcher_command_and_environment(tmp_path: Path) -> None:
 def test_launch_faults_a_boot_that_gives_up_and_a_launcher_without_tags(
     aws: AwsEmulator, small_spec: Path, tmp_path: Path
 ) -> None:
-    names = aws.provision(load_spec(small_spec))
-    events = EventLog(echo=lambda line: None)
-    ctx = InstanceContext(
-        names=names,
-        moto_url=aws.endpoint_url,
-        s3_url=aws.endpoint_url,
-        sample_dir=tmp_path / "samples",
-        run_id=uuid.uuid4().hex,
-    )
-    sim = GroupSimulator(
-        aws=aws,
-        ctx=ctx,
-        spec_path=small_spec,
-        out_dir=tmp_path,
-        events=events,
-        poll_s=0.2,
-        command=stand_in,
-    )
+    sim, events = simulator(aws, small_spec, tmp_path)
     hits: list[tuple[str, int, str]] = []
 
     def launch_fault(group: str, index: int, instance_id: str) -> FaultKind | None:
