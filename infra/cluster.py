@@ -17,6 +17,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from training import aws_tags
+from training.spec import DatasetSource, DatasetSpec
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,20 @@ def dataset_location(dataset_uri: str) -> tuple[str, str]:
     if prefix and not prefix.endswith("/"):
         prefix += "/"
     return parsed.netloc, prefix
+
+
+def dataset_read_uri(dataset: DatasetSpec) -> str | None:
+    """The ``s3://bucket/prefix/`` the instances must read for ``[job.dataset]``, or None (no
+    data in S3): the prefix of ``source = "s3"``, or the folder that holds the manifest and the
+    shards of ``source = "shards"`` in S3 (its ``path`` may name ``manifest.json`` itself)."""
+    if dataset.source is DatasetSource.S3:
+        return dataset.path
+    path = dataset.path or ""
+    if dataset.source is DatasetSource.SHARDS and path.startswith("s3://"):
+        # training.data.manifest's folder_of(manifest_uri(path)), without importing the data
+        # package (and torch) into a synth; a test keeps the two the same.
+        return path.rsplit("/", 1)[0] + "/" if path.endswith(".json") else path.rstrip("/") + "/"
+    return None
 
 
 def grant_dataset_read(grantee: iam.IGrantable, dataset_uri: str) -> None:

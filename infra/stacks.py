@@ -24,6 +24,7 @@ from infra.cluster import (
     ClusterImage,
     InstanceRole,
     SageMakerExecutionRole,
+    dataset_read_uri,
     grant_dataset_read,
 )
 from infra.dashboard import ClusterDashboard
@@ -31,7 +32,7 @@ from infra.instance_group import InstanceGroupFleet
 from infra.job import JobParameter
 from infra.network import ClusterNetwork
 from training import aws_tags
-from training.spec import ClusterSpec, DatasetSource
+from training.spec import ClusterSpec
 
 if TYPE_CHECKING:
     from infra.nag import NagAcknowledgment
@@ -96,7 +97,7 @@ class ClusterStack(cdk.Stack):
             ),
         )
         dataset = spec.job.dataset
-        dataset_uri = dataset.path if dataset.source is DatasetSource.S3 else None
+        dataset_uri = dataset_read_uri(dataset)
         self.dataset_uri = dataset_uri
         self.instance_role = InstanceRole(
             self,

@@ -13,7 +13,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Template
 from infra_support import DATASET_URI, SAGEMAKER_SPEC, BuiltApp, build, cdk_context
 
-from infra.cluster import CheckpointBucket, ClusterImage, SageMakerExecutionRole, grant_dataset_read
+from infra.cluster import (
+    CheckpointBucket,
+    ClusterImage,
+    SageMakerExecutionRole,
+    dataset_read_uri,
+    grant_dataset_read,
+)
 from training import aws_tags
 
 PARTITION = {"Ref": "AWS::Partition"}
@@ -230,3 +236,46 @@ def test_dataset_grant_refuses_what_is_not_an_s3_uri(bad: str) -> None:
     role = iam.Role(stack, "R", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
     with pytest.raises(ValueError, match="must look like s3://bucket/prefix/"):
         grant_dataset_read(role, bad)
+
+
+@pytest.mark.parametrize(
+    ("source", "path", "expected"),
+    [
+        ("s3", DATASET_URI, DATASET_URI),
+        ("shards", "s3://vit-datasets/imagenet-shards/", "s3://vit-datasets/imagenet-shards/"),
+        ("shards", "s3://vit-datasets/imagenet-shards", "s3://vit-datasets/imagenet-shards/"),
+        (
+            "shards",
+            "s3://vit-datasets/imagenet-shards/manifest.json",
+            "s3://vit-datasets/imagenet-shards/",
+        ),
+        ("shards", "/data/imagenet-shards", None),
+        ("folder", "/data/imagenet", None),
+    ],
+)
+def test_the_instances_read_a_prepared_dataset_in_s3_where_its_shards_are(
+    source: str, path: str, expected: str | None
+) -> None:
+    """A prepared dataset (`source = "shards"`) in S3 is read from the folder of its manifest:
+    the same folder the reader derives (training.data.manifest), so the grant covers every
+    shard and nothing beside it."""
+    from training.data.manifest import folder_of, manifest_uri
+    from training.spec import DatasetSource, DatasetSpec
+
+    dataset = DatasetSpec(source=DatasetSource(source), path=path)
+    assert dataset_read_uri(dataset) == expected
+    if expected is not None and source == "shards":
+        assert expected == folder_of(manifest_uri(path))
+
+
+def test_a_prepared_dataset_in_s3_is_granted_to_the_instance_role(tmp_path: Path) -> None:
+    text = SAGEMAKER_SPEC.replace('source = "s3"', 'source = "shards"').replace(
+        DATASET_URI, "s3://vit-datasets/imagenet-shards/manifest.json"
+    )
+    built = build(tmp_path, text)
+    stack = built.stacks.cluster
+    assert stack.dataset_uri == "s3://vit-datasets/imagenet-shards/"
+    statements = _role_statements(stack, built.cluster, stack.instance_role.role)
+    assert [s for s in statements if s.get("Sid", "").startswith("Dataset")] == (
+        _dataset_statements("vit-datasets", "imagenet-shards/")
+    )

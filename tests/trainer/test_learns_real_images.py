@@ -1,6 +1,8 @@
 """Proof that the trainer makes a model: real scanned digits (scikit-learn's load_digits, not
-synthetic) trained by ``hetero local`` through two real data servers with the recipe kept in
-``specs/digits.toml``. The job's own validation says how good the model is; the exported
+synthetic), prepared into shards by ``hetero dataset prep`` (the path a dataset at scale takes:
+``source = "shards"``, the shard-aware epoch order, the manifest's validation split), trained by
+``hetero local`` through two real data servers with the recipe kept in ``specs/digits.toml``.
+The job's own validation says how good the model is; the exported
 ``model.safetensors``, loaded with plain timm and scored by code that shares nothing with the
 trainer (tests/realdata.py), gives exactly the same top-1."""
 
@@ -28,12 +30,13 @@ def _toml(value: Any) -> str:
     return json.dumps(value)  # TOML accepts JSON's strings, numbers, arrays and inline tables
 
 
-def digits_spec(tmp_path: Path, folders: Any) -> Path:
-    """specs/digits.toml with this test's folders, port and step count."""
+def digits_spec(tmp_path: Path, shards: Path) -> Path:
+    """specs/digits.toml with this test's prepared dataset, port and step count."""
     doc = tomllib.loads((REPO / "specs" / "digits.toml").read_text())
     job = doc["job"]
     job["steps"] = STEPS
-    job["dataset"].update(path=str(folders.train_dir), val_path=str(folders.val_dir))
+    job["dataset"].pop("val_path", None)
+    job["dataset"].update(source="shards", path=str(shards))
     job["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
     job["dataplane"]["port"] = 50281
     lines = [f"name = {_toml(doc['name'])}"]
@@ -62,7 +65,13 @@ def test_real_digits_train_far_above_chance_and_the_exported_model_agrees(
     tmp_path: Path,
 ) -> None:
     folders = write_digits(tmp_path / "digits", size=32)
-    spec = digits_spec(tmp_path, folders)
+    shards = tmp_path / "shards"
+    prep = [sys.executable, "-m", "training.cli", "dataset", "prep",
+            "--src", str(folders.train_dir), "--val-src", str(folders.val_dir),
+            "--out", str(shards), "--shard-mb", "0.1"]  # fmt: skip
+    prepared = run_watched(prep, cwd=REPO, timeout_s=120)
+    assert prepared.returncode == 0, prepared.output[-4000:]
+    spec = digits_spec(tmp_path, shards)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.cli", "local", "--spec", str(spec),
            "--run-dir", str(run_dir), "--grace", "20"]  # fmt: skip
