@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
@@ -64,6 +65,19 @@ completes the lifecycle action sooner; at the timeout the termination goes on an
 # Root volume, GiB: the AMI's own snapshot (about 75 GiB for the DL base AMI, 30 for ECS) plus
 # the image (about 10 GiB compressed, 20+ unpacked) plus room for local checkpoint staging.
 ROOT_VOLUME_GIB: Mapping[Role, int] = {Role.TRAINER: 200, Role.DATAPREP: 100}
+
+
+def root_volume_gib(spec: ClusterSpec, group: InstanceGroup) -> int:
+    """The group's root volume: its role's size, plus, on dataprep instances of a prepared
+    dataset with ``job.dataset.cache_gb``, room for that shard cache (it lives on the root
+    volume: ``training/data/shard_source.py``), so the cache the spec asks for fits."""
+    size = ROOT_VOLUME_GIB[group.role]
+    cache_gb = spec.job.dataset.cache_gb
+    if group.role is Role.DATAPREP and cache_gb:
+        size += math.ceil(cache_gb * 1e9 / 2**30)  # the spec's GB, the volume's GiB
+    return size
+
+
 HOST_SPEC_DIR = str(PurePosixPath(aws_tags.DEPLOYED_SPEC_PATH).parent)
 """Where the user data writes the deployed spec on the host (mounted read-only at the same path)."""
 DOCKER_CONFIG_DIR = "/root/.docker"
@@ -299,7 +313,7 @@ class InstanceGroupFleet(Construct):
                     ec2.BlockDevice(
                         device_name=ROOT_DEVICE,
                         volume=ec2.BlockDeviceVolume.ebs(
-                            ROOT_VOLUME_GIB[group.role],
+                            root_volume_gib(spec, group),
                             encrypted=True,
                             volume_type=ec2.EbsDeviceVolumeType.GP3,
                             delete_on_termination=True,

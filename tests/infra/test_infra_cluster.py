@@ -206,6 +206,29 @@ def test_root_volume_encrypted_and_sized_by_role(spot: BuiltApp) -> None:
     assert sizes["trainer"] >= 100 and sizes["dataprep"] >= 50
 
 
+def test_the_dataprep_root_volume_holds_the_shard_cache_the_spec_asks_for(
+    spot: BuiltApp, tmp_path: Path
+) -> None:
+    """The shard cache lives on the dataprep root volume: with `cache_gb` the volume grows by
+    that much (GB to GiB, rounded up); the trainers' and a spec without a cache keep theirs."""
+    text = SPOT_SPEC.replace(
+        "[job]\nsteps = 100\n",
+        '[job]\nsteps = 100\n[job.dataset]\nsource = "shards"\npath = "s3://d/imagenet/"\n'
+        "cache_gb = 150\n",
+    )
+    assert text != SPOT_SPEC
+    built = build(tmp_path, text)
+
+    def sizes(b: BuiltApp) -> dict[str, int]:
+        return {
+            g: _launch_template_data(b, g)["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"]
+            for g in ("trainer", "dataprep")
+        }
+
+    assert sizes(spot) == {"trainer": 200, "dataprep": 100}
+    assert sizes(built) == {"trainer": 200, "dataprep": 100 + 140}  # 150 GB = 139.7 GiB
+
+
 def test_amis_come_from_public_ssm_parameters(spot: BuiltApp) -> None:
     trainer = _launch_template_data(spot, "trainer")["ImageId"]
     dataprep = _launch_template_data(spot, "dataprep")["ImageId"]
