@@ -32,8 +32,8 @@ from training.planner.placement import Placement, best_placement, zones
 from training.planner.prices import PRICING_REGION, PriceBook, live_on_demand, live_spot
 from training.planner.results import RESULTS_DIR, load_measured
 from training.planner.target import Target, from_run, from_samples
-from training.planner.workload import workload_from_spec
-from training.spec import ClusterSpec, Efa, Market, load_spec
+from training.planner.workload import DatasetRead, dataset_read_of, workload_from_spec
+from training.spec import ClusterSpec, DatasetSource, Efa, Market, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,30 @@ def gather_live(
     return placements, [*notes, *spot_notes, *od_notes]
 
 
+def read_prepared_dataset(
+    spec: ClusterSpec, *, offline: bool, notes: list[str]
+) -> DatasetRead | None:
+    """A prepared dataset's size from its manifest (local, or in S3 unless offline); None, with
+    a note, when it cannot be read: the plan then leaves the S3 reads out."""
+    dataset = spec.job.dataset
+    if dataset.source is not DatasetSource.SHARDS or not dataset.path:
+        return None
+    if offline and dataset.path.startswith("s3://"):
+        notes.append(
+            f"the prepared dataset's manifest ({dataset.path}) is in S3 and the plan is offline: "
+            "its reads from S3 are left out"
+        )
+        return None
+    from training.data.manifest import load_manifest  # deferred: the data package imports torch
+
+    try:
+        manifest, _, _ = load_manifest(dataset.path, expected_sha256=dataset.manifest_sha256)
+    except ValueError as e:
+        notes.append(f"{e}: the dataset's reads from S3 are left out")
+        return None
+    return dataset_read_of(spec, manifest)
+
+
 def make_plan(
     spec: ClusterSpec,
     compare: Sequence[str] | None,
@@ -165,12 +189,13 @@ def make_plan(
     facts: Facts | None = None,
     notes: Sequence[str] = (),
     target: Target | None = None,
+    dataset_read: DatasetRead | None = None,
 ) -> Plan:
     """The ranked plan; live prices and scores when ``ec2`` and ``pricing`` clients are given;
     ranked by expected USD to ``target`` when one is given."""
     now = now or datetime.datetime.now(datetime.UTC)
     facts = facts or Facts()
-    workload = workload_from_spec(spec, samples)
+    workload = workload_from_spec(spec, samples, dataset_read)
     found = candidates(spec, compare)
     policy = dataprep_policy(spec, facts)
     measured = load_measured(results_dir)
@@ -259,6 +284,7 @@ def _run(args: argparse.Namespace) -> int:
             ec2 = session.client("ec2", region_name=region)
             pricing = pricing_client(session)
     check_region(region, known_regions())
+    dataset_read = read_prepared_dataset(spec, offline=args.offline or ec2 is None, notes=notes)
     plan = make_plan(
         spec,
         args.compare,
@@ -269,6 +295,7 @@ def _run(args: argparse.Namespace) -> int:
         pricing=pricing,
         notes=notes,
         target=target,
+        dataset_read=dataset_read,
     )
     report.print_table(plan)
     paths = report.write_outputs(plan, Path(args.out))

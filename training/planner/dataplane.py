@@ -10,6 +10,12 @@ and whether the trainer hosts have the CPUs to receive the stream.
   tie). None within ``MAX_DATAPREP_INSTANCES`` -> excluded, "too few CPUs".
 - Trainer host: ``ranks x TRAINER_VCPUS_PER_RANK + samples/s per instance / receive rate`` must
   fit in its vCPUs, else "too few CPUs" on the trainer host.
+- A prepared dataset (``source = "shards"``, ``Workload.dataset_read``): in an epoch read from
+  S3 (every epoch when the servers' caches cannot hold the dataset, else the first), each data
+  server reads every shard (a run of shards spans ranges of every server), so it must read
+  ``samples/s x bytes per image`` from S3; at the dataprep type's baseline bandwidth
+  (*estimate*: S3 may deliver less to one instance) the GPUs then get at most
+  ``bandwidth / bytes per image`` samples/s in those epochs (``read_bound``).
 """
 
 from __future__ import annotations
@@ -67,6 +73,53 @@ def data_demand(images_per_s: float, workload: Workload, measured: Measured) -> 
         rate_source=f"{workload.recipe}: {source}, {rate:.0f} images/s per vCPU at {px} px",
         bytes_per_s=images_per_s * workload.bytes_per_sample,
     )
+
+
+@dataclass(frozen=True)
+class ReadBound:
+    """How reading a prepared dataset from S3 slows the job on a dataprep type."""
+
+    factor: float
+    """Throughput in an epoch read from S3, as a share of the GPUs' (1: not read-bound)."""
+    cold_share: float
+    """The share of training read from S3 (``Workload.cold_epoch_share``)."""
+    note: str
+
+    @property
+    def efficiency(self) -> float:
+        """Average throughput as a share of the GPUs': the read-bound share of the samples at
+        ``factor``, the rest at full speed (time-weighted)."""
+        return 1.0 / ((1.0 - self.cold_share) + self.cold_share / self.factor)
+
+
+def read_bound(
+    images_per_s: float, workload: Workload, dataprep_type: str, facts: Facts
+) -> ReadBound | None:
+    """None when the job reads no prepared dataset; else what its S3 reads cost (see the
+    module docstring)."""
+    read = workload.dataset_read
+    if read is None:
+        return None
+    need = images_per_s * read.bytes_per_image
+    link = facts.bandwidth_gbps(dataprep_type) * 1e9 / 8
+    factor = min(1.0, link / need) if need > 0 else 1.0
+    cold = workload.cold_epoch_share
+    when = (
+        "every epoch (the dataset is larger than "
+        f"{read.cache_note}, {read.cache_bytes / 1e9:.0f} GB)"
+        if not read.cache_fits
+        else f"the first epoch ({cold:.0%} of training; then {read.cache_note} holds it)"
+    )
+    note = (
+        f"reads the dataset from S3 in {when}: {need * 8 / 1e9:.2f} Gbps per data server "
+        f"({read.bytes_per_image / 1e3:.0f} KB per image)"
+    )
+    if factor < 1.0:
+        note += (
+            f", more than {dataprep_type}'s {link * 8 / 1e9:.1f} Gbps (estimate): "
+            f"{factor:.0%} of the GPUs' rate while it does"
+        )
+    return ReadBound(factor, cold, note)
 
 
 def trainer_host_shortfall(

@@ -33,6 +33,7 @@ from training.planner.dataplane import (
     check_fixed_dataprep,
     data_demand,
     plan_dataprep,
+    read_bound,
     trainer_host_shortfall,
 )
 from training.planner.facts import Facts
@@ -228,10 +229,13 @@ def evaluate(
     notes: list[str] = []
     if not rate.measured:
         notes.append(f"throughput {rate.source}")
+    reads = read_bound(nominal, workload, dataprep.instance_type, facts)
+    if reads is not None:
+        notes.append(reads.note)
     if step.network_bound:
         notes.append(network_advice(step, workload))
     pre: Preemption | None = None
-    expected = nominal
+    expected = nominal * (reads.efficiency if reads is not None else 1.0)
     interval = workload.spec_interval_steps
     if trainer.market is Market.SPOT:
         pre = preemption(trainer.instance_type, trainer.count, workload, facts, measured)
@@ -242,7 +246,7 @@ def evaluate(
                 f"({pre.band} per instance-month x {trainer.count}) against {pre.checkpoint_s:.0f}"
                 f" s per checkpoint and {pre.recovery_s:.0f} s per recovery",
             )
-        expected = nominal * pre.efficiency
+        expected = expected * pre.efficiency
         interval = max(1, round(pre.interval_s / step.step_s))
         if workload.samples_to_train is not None:
             total_steps = workload.samples_to_train / (gpus * workload.samples_per_rank_step)

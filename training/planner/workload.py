@@ -10,6 +10,7 @@ input gradient (2 x 2). For vit_base_patch16_224 at 224 px that gives 86,567,656
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from training.data.splits import val_count
 from training.planner import priors
@@ -61,6 +62,46 @@ def vit_size(arch: priors.VitArch, image_size: int, num_classes: int) -> ModelSi
 
 
 @dataclass(frozen=True)
+class DatasetRead:
+    """What a prepared dataset (``source = "shards"``) makes the data servers read from S3."""
+
+    samples: int
+    """Training samples per epoch."""
+    bytes_total: int
+    """The training split's shards, in bytes."""
+    cache_bytes: int
+    """What each data server's shard cache holds: ``job.dataset.cache_gb``, else an estimate
+    of the default (``DEFAULT_CACHE_BYTES``)."""
+    cache_note: str
+
+    @property
+    def bytes_per_image(self) -> float:
+        return self.bytes_total / self.samples
+
+    @property
+    def cache_fits(self) -> bool:
+        return self.cache_bytes >= self.bytes_total
+
+
+DEFAULT_CACHE_BYTES = int(0.8 * 50 * 2**30)
+"""*Estimate* of the default shard cache on a dataprep instance: 80% of the free space
+(``shard_source.CACHE_FREE_SHARE``) of its 100 GiB root volume less about 50 GiB for the AMI,
+Docker and the image."""
+
+
+def dataset_read_of(spec: ClusterSpec, manifest: Any) -> DatasetRead:
+    """``DatasetRead`` of a spec whose dataset is prepared, given its ``Manifest``."""
+    train = manifest.splits["train"]
+    cache_gb = spec.job.dataset.cache_gb
+    return DatasetRead(
+        samples=len(train),
+        bytes_total=sum(s.bytes for s in train.shards),
+        cache_bytes=int(cache_gb * 1e9) if cache_gb else DEFAULT_CACHE_BYTES,
+        cache_note=f"cache_gb {cache_gb:g}" if cache_gb else "the default cache (estimate)",
+    )
+
+
+@dataclass(frozen=True)
 class Workload:
     """The job, as the planner sees it."""
 
@@ -81,6 +122,20 @@ class Workload:
     spec_interval_steps: int
     streams_per_server: int = 1
     """gRPC streams (TCP flows) from each trainer rank to each data server."""
+    dataset_read: DatasetRead | None = None
+    """A prepared dataset's reads from S3 (None: not a prepared dataset, or its manifest was
+    not read)."""
+
+    @property
+    def cold_epoch_share(self) -> float:
+        """The share of training that reads shards from S3 (not the cache): every epoch when
+        the cache cannot hold the dataset, else the first of the planned epochs."""
+        read = self.dataset_read
+        if read is None:
+            return 0.0
+        if not read.cache_fits or not self.samples_to_train:
+            return 1.0
+        return min(1.0, read.samples / self.samples_to_train)
 
     @property
     def samples_per_rank_step(self) -> int:
@@ -104,8 +159,14 @@ class Workload:
         return 2 if self.precision is Precision.BF16 else 4
 
 
-def workload_from_spec(spec: ClusterSpec, samples_override: int | None = None) -> Workload:
-    """The spec's job in the planner's units; raises PlanError for a model it cannot size."""
+def workload_from_spec(
+    spec: ClusterSpec,
+    samples_override: int | None = None,
+    dataset_read: DatasetRead | None = None,
+) -> Workload:
+    """The spec's job in the planner's units; raises PlanError for a model it cannot size.
+    ``dataset_read``: a prepared dataset's size (from its manifest), which also gives the
+    samples an epoch-counted job trains."""
     job = spec.job
     arch = priors.VIT_ARCHS.get(job.model.name)
     if arch is None:
@@ -140,6 +201,10 @@ def workload_from_spec(spec: ClusterSpec, samples_override: int | None = None) -
             f"{job.total_steps} steps x {job.batch_size} per rank x {job.grad_accum_steps} "
             f"accumulation x {world} ranks of the spec"
         )
+    elif dataset_read is not None:
+        assert job.epochs is not None
+        samples = job.epochs * dataset_read.samples
+        note = f"{job.epochs} epochs x {dataset_read.samples} training samples (the manifest)"
     elif job.dataset.source is DatasetSource.SYNTHETIC:
         assert job.epochs is not None
         n = job.dataset.num_samples
@@ -168,4 +233,5 @@ def workload_from_spec(spec: ClusterSpec, samples_override: int | None = None) -
         async_checkpoint=job.checkpoint.async_save,
         spec_interval_steps=job.checkpoint.interval_steps,
         streams_per_server=job.dataplane.streams_per_server,
+        dataset_read=dataset_read,
     )
