@@ -32,6 +32,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.checkpoint",
         "ViT-B/16 + AdamW: SIGTERM to durable checkpoint (local, S3), stall per save sync/async",
     ),
+    "checkpoint_s3_clients": (
+        "benchmarks.checkpoint_s3_clients",
+        "ViT-B/16 + AdamW to/from moto S3: boto3 uploader vs s3torchconnector (optional package)",
+    ),
     "planner": (
         "benchmarks.planner",
         "hetero plan's predicted samples/s vs real runs, 4 configurations (target within 15%)",

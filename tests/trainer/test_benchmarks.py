@@ -43,3 +43,28 @@ def test_checkpoint_benchmark_smoke(tmp_path: Path) -> None:
     assert sync["saves"] == background["saves"] == 2
     assert all(s > 0 for s in sync["stall_s"] + background["stall_s"])
     assert result["machine"]["cpu_cores"] >= 1
+
+
+def test_checkpoint_s3_clients_benchmark_smoke_or_names_the_missing_package(
+    tmp_path: Path,
+) -> None:
+    """s3torchconnector is optional (not a dependency): without it the benchmark exits 2 saying
+    how to install it; with it, the smoke mode compares both clients and writes its JSON."""
+    import importlib.util
+
+    cmd = [
+        sys.executable, "-m", "benchmarks", "checkpoint_s3_clients", "--model", "vit-cpu-tiny",
+        "--image-size", "32", "--repeats", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if importlib.util.find_spec("s3torchconnector") is None:
+        assert done.returncode == 2 and "s3torchconnector is not installed" in done.stderr
+        assert not (tmp_path / "checkpoint_s3_clients.json").exists()
+        return
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "checkpoint_s3_clients.json").read_text())
+    assert [r["client"] for r in result["clients"]] == ["boto3", "s3torchconnector"]
+    for row in result["clients"]:
+        assert row["save_s_median"] > 0 and row["load_s_median"] > 0
+        assert row["checkpoint_mb"] > 0
