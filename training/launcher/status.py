@@ -69,7 +69,7 @@ def collect(
         name = aws_tags.job_parameter_name(spec.name)
         try:
             pointer = read_job_pointer(ssm, name)
-            status.job = asdict(pointer)
+            status.job = json.loads(pointer.to_json())  # as the parameter holds it
             checkpoint_uri = checkpoint_uri or pointer.checkpoint_uri
         except JobParameterNotFound:
             pass  # A stack from before the job pointer: the URI comes from elsewhere.
