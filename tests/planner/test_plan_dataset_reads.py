@@ -6,6 +6,7 @@ cannot hold the dataset, the first when they can). Sizes come from the manifest.
 from __future__ import annotations
 
 import datetime
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,62 @@ def test_the_plan_reads_a_local_manifest_and_leaves_one_in_s3_out_offline(
         "the prepared dataset's manifest (s3://b/d/) is in S3 and the plan is offline: its "
         "reads from S3 are left out"
     ]
+
+
+def test_bench_measures_the_shard_reads_and_the_plan_uses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hetero bench on a spec of shards in S3 (moto) reads whole shards with the server's own
+    download path, stores MB/s by instance type, and the plan reads the dataset at that rate."""
+    import boto3
+    from moto import mock_aws
+
+    from training.planner.bench import dataprep_record, measure_shard_reads
+    from training.planner.results import THROUGHPUT_FORMAT, load_measured, read_dataprep
+
+    digits = write_digits(tmp_path / "digits", size=16)
+    out = tmp_path / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "training.cli", "--log-level", "WARNING", "dataset", "prep",
+         "--src", str(digits.train_dir), "--out", str(out), "--shard-mb", "0.1"],
+        cwd=REPO, check=True, capture_output=True,
+    )  # fmt: skip
+    text = (REPO / "cluster.toml").read_text()
+    synthetic = 'source = "synthetic"            # synthetic | folder | s3\nnum_samples = 100000\n'
+    spec_path = tmp_path / "cluster.toml"
+    spec_path.write_text(text.replace(synthetic, 'source = "shards"\npath = "s3://data/digits/"\n'))
+    spec = load_spec(spec_path)
+    for k, v in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="data")
+        for f in out.iterdir():
+            s3.upload_file(str(f), "data", f"digits/{f.name}")
+        reads = measure_shard_reads(spec, threads=2, max_shards=3, client=s3)
+    assert reads is not None and reads.shards == 3
+    first3 = sorted(out.glob("train-*.tar"))[:3]
+    assert reads.bytes == sum(p.stat().st_size for p in first3)
+    assert reads.bytes_per_s == pytest.approx(reads.bytes / reads.seconds)
+    assert measure_shard_reads(load_spec(REPO / "cluster.toml"), threads=2) is None
+
+    # Stored like hetero bench stores it, then read back by the planner.
+    from training.planner.bench import DataprepFigure
+
+    figure = DataprepFigure(300.0, 6000.0, 280.0, 100, 1.0, 0.1, 0.4)
+    common = {"instance_type": "c6i.4xlarge", "date": "2026-11-25", "image_size": 224,
+              "source": "hetero bench --spec cluster.toml"}  # fmt: skip
+    record = dataprep_record(spec, figure, [1], common, reads)
+    record["shard_read_mb_per_s"] = 50.0  # a slow S3: 0.4 Gbps
+    store = tmp_path / "results" / "throughput.json"
+    store.parent.mkdir()
+    store.write_text(json.dumps({"format": THROUGHPUT_FORMAT, "results": [], "dataprep": [record]}))
+    (result,) = read_dataprep(store)
+    assert result.shard_read_bytes_per_s == 50e6
+    measured = load_measured(store.parent)
+    assert measured.shard_read_bytes_per_s["c6i.4xlarge"][0] == 50e6
+    workload = workload_from_spec(spec, 10 * IMAGENET, imagenet(None))
+    bound = read_bound(1000.0, workload, "c6i.4xlarge", Facts(), measured)
+    assert bound is not None
+    assert bound.factor == pytest.approx(50e6 / (1000.0 * imagenet(None).bytes_per_image))
+    assert "c6i.4xlarge's 0.4 Gbps (S3 reads measured by hetero bench" in bound.note

@@ -15,6 +15,10 @@ image size:
    real ``DataPlaneClient`` in this process over loopback gRPC. The server's CPU-seconds
    (psutil, the process and its workers) give images/s per vCPU including its gRPC and
    serialisation work; this process's CPU-seconds give the trainer side's receive cost.
+   With a prepared dataset (``source = "shards"``) the server reads its shards, and for one in
+   S3 a third figure follows: **S3 read MB/s**, up to 8 whole shards downloaded into an empty
+   cache by as many threads as the server has workers (``measure_shard_reads``), which
+   ``hetero plan`` uses for that instance type instead of its bandwidth.
 
 Results are keyed by instance type (``--instance-type``; ``imds`` asks the instance metadata
 service at ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` or its default address) or else by the device
@@ -44,7 +48,7 @@ from typing import Any
 from training.data.transforms import encode_recipe
 from training.planner.errors import PlanError
 from training.planner.results import RESULTS_DIR, THROUGHPUT_FILE, THROUGHPUT_FORMAT
-from training.spec import ClusterSpec, load_spec
+from training.spec import ClusterSpec, DatasetSource, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +334,47 @@ def measure_dataprep(
     )
 
 
+SHARD_READ_SAMPLE = 8
+"""Shards ``measure_shard_reads`` downloads at most."""
+
+
+@dataclass(frozen=True)
+class ShardReadFigure:
+    bytes_per_s: float
+    bytes: int
+    shards: int
+    seconds: float
+
+
+def measure_shard_reads(
+    spec: ClusterSpec, threads: int, *, max_shards: int = SHARD_READ_SAMPLE, client: Any = None
+) -> ShardReadFigure | None:
+    """A prepared dataset in S3 read as a data server's ``threads`` workers read it in an epoch
+    that is not cached: up to ``max_shards`` whole shards of the training split, ``threads`` at a
+    time, into an empty cache (the server's own download and checksum); None when the spec's
+    dataset is not prepared shards in S3."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from training.data.shard_source import ShardImages
+
+    dataset = spec.job.dataset
+    if dataset.source is not DatasetSource.SHARDS or not (dataset.path or "").startswith("s3://"):
+        return None
+    assert dataset.path is not None
+    with tempfile.TemporaryDirectory(prefix="hetero-bench-shards-") as cache:
+        source = ShardImages(
+            dataset.path, "train", expected_sha256=dataset.manifest_sha256, cache_dir=cache,
+            client=client,
+        )  # fmt: skip
+        shards = source.index.shards[:max_shards]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            list(pool.map(lambda s: source.cache.get(s, source._download), shards))
+        seconds = time.perf_counter() - started
+    total = sum(s.bytes for s in shards)
+    return ShardReadFigure(total / seconds, total, len(shards), seconds)
+
+
 def planned_params(spec: ClusterSpec) -> int | None:
     """The parameter count the planner computes for the spec's model (what it matches results
     on), or None for a model it cannot size."""
@@ -386,7 +431,11 @@ def trainer_record(spec: ClusterSpec, t: TrainerFigure, common: dict[str, Any]) 
 
 
 def dataprep_record(
-    spec: ClusterSpec, d: DataprepFigure, cores: Sequence[int], common: dict[str, Any]
+    spec: ClusterSpec,
+    d: DataprepFigure,
+    cores: Sequence[int],
+    common: dict[str, Any],
+    reads: ShardReadFigure | None = None,
 ) -> dict[str, Any]:
     """The results store's data-server entry for ``d``, measured on ``cores`` (one worker
     each) with ``spec``'s recipe and dataset."""
@@ -401,6 +450,7 @@ def dataprep_record(
         "images_per_s_per_server": d.images_per_s_per_server,
         "server_workers": len(cores),
         "images": d.images,
+        **({"shard_read_mb_per_s": reads.bytes_per_s / 1e6} if reads is not None else {}),
     }
 
 
@@ -484,7 +534,14 @@ def _run(args: argparse.Namespace) -> int:
             f"{d.images_per_s_per_server:.1f} images/s",
             flush=True,
         )
-        dataprep_entries.append(dataprep_record(spec, d, server_cores, common))
+        reads = measure_shard_reads(spec, len(server_cores))
+        if reads is not None:
+            print(
+                f"  read {reads.shards} shards ({reads.bytes / 1e6:.0f} MB) from S3 in "
+                f"{reads.seconds:.1f} s: {reads.bytes_per_s / 1e6:.0f} MB/s",
+                flush=True,
+            )
+        dataprep_entries.append(dataprep_record(spec, d, server_cores, common, reads))
     store = Path(args.out)
     merge(store, trainer_entries, dataprep_entries)
     read_throughput(store)  # What was written reads back (a malformed store is an error).

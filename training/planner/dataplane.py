@@ -93,15 +93,24 @@ class ReadBound:
 
 
 def read_bound(
-    images_per_s: float, workload: Workload, dataprep_type: str, facts: Facts
+    images_per_s: float,
+    workload: Workload,
+    dataprep_type: str,
+    facts: Facts,
+    measured: Measured | None = None,
 ) -> ReadBound | None:
     """None when the job reads no prepared dataset; else what its S3 reads cost (see the
-    module docstring)."""
+    module docstring). The read rate is the one ``hetero bench`` measured on ``dataprep_type``
+    when there is one (at most its bandwidth), else the type's baseline bandwidth."""
     read = workload.dataset_read
     if read is None:
         return None
     need = images_per_s * read.bytes_per_image
     link = facts.bandwidth_gbps(dataprep_type) * 1e9 / 8
+    rate_source = "estimate"
+    figure = measured.shard_read_bytes_per_s.get(dataprep_type) if measured else None
+    if figure is not None and figure[0] < link:
+        link, rate_source = figure[0], f"S3 reads {figure[1]}"
     factor = min(1.0, link / need) if need > 0 else 1.0
     cold = workload.cold_epoch_share
     when = (
@@ -116,7 +125,7 @@ def read_bound(
     )
     if factor < 1.0:
         note += (
-            f", more than {dataprep_type}'s {link * 8 / 1e9:.1f} Gbps (estimate): "
+            f", more than {dataprep_type}'s {link * 8 / 1e9:.1f} Gbps ({rate_source}): "
             f"{factor:.0%} of the GPUs' rate while it does"
         )
     return ReadBound(factor, cold, note)

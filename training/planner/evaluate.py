@@ -229,7 +229,7 @@ def evaluate(
     notes: list[str] = []
     if not rate.measured:
         notes.append(f"throughput {rate.source}")
-    reads = read_bound(nominal, workload, dataprep.instance_type, facts)
+    reads = read_bound(nominal, workload, dataprep.instance_type, facts, measured)
     if reads is not None:
         notes.append(reads.note)
     if step.network_bound:

@@ -86,6 +86,9 @@ class DataprepResult:
     """What one server delivered to an otherwise idle client (wall clock), if measured."""
     server_workers: int | None = None
     """Its augmentation workers."""
+    shard_read_bytes_per_s: float | None = None
+    """A prepared dataset's shards read whole from S3 into an empty cache, as a server's
+    workers read them in an epoch that is not cached (``hetero bench`` on a shards spec)."""
 
     def describe(self) -> str:
         return f"measured by {self.source} on {self.instance_type or self.device} {self.date}"
@@ -115,6 +118,9 @@ class Measured:
     that order); ``augment_rate`` picks the one measured nearest the job's image size."""
     receive_candidates: list[tuple[float, int, str]] = field(default_factory=list)
     """Every receive figure known, in the same order; see ``receive_rate``."""
+    shard_read_bytes_per_s: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """instance type -> (bytes/s a data server read a prepared dataset's shards from S3, where
+    the figure comes from): measured by hetero bench only."""
     server_images_per_s: dict[str, tuple[float, int, int, str]] = field(default_factory=dict)
     """recipe -> (images/s one server delivered, at this image side, with this many workers,
     where the figure comes from): measured by hetero bench only."""
@@ -185,6 +191,11 @@ def load_measured(results_dir: Path = RESULTS_DIR) -> Measured:
             r.recipe: (r.images_per_s_per_server, r.image_size, r.server_workers, r.describe())
             for r in dataprep  # Oldest first: the newest per recipe wins.
             if r.images_per_s_per_server is not None and r.server_workers is not None
+        },
+        shard_read_bytes_per_s={
+            r.instance_type: (r.shard_read_bytes_per_s, r.describe())
+            for r in dataprep  # Oldest first: the newest per instance type wins.
+            if r.instance_type and r.shard_read_bytes_per_s is not None
         },
     )
 
@@ -283,6 +294,11 @@ def read_dataprep(path: Path) -> list[DataprepResult]:
             isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
         ):
             raise PlanError(f"{where}.server_workers: expected a positive integer")
+        reads = e.get("shard_read_mb_per_s")
+        if reads is not None and (
+            isinstance(reads, bool) or not isinstance(reads, int | float) or reads <= 0
+        ):
+            raise PlanError(f"{where}.shard_read_mb_per_s: expected a positive number")
         out.append(
             DataprepResult(
                 instance_type=e.get("instance_type") or None,
@@ -295,6 +311,7 @@ def read_dataprep(path: Path) -> list[DataprepResult]:
                 source=str(e.get("source") or "hetero bench"),
                 images_per_s_per_server=None if delivered is None else float(delivered),
                 server_workers=workers,
+                shard_read_bytes_per_s=None if reads is None else float(reads) * 1e6,
             )
         )
     return sorted(out, key=lambda r: r.date)
