@@ -184,9 +184,31 @@ def _all_state(path: Path) -> dict[str, torch.Tensor]:
     return {f"{k}.{n}": t for k in state for n, t in state[k].items()}
 
 
-def test_resume_with_mixup_ema_and_cosine_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+SYNTHETIC_DATASET = "[job.dataset]\nnum_samples = 512\n"
+
+
+@pytest.fixture(scope="module")
+def prepared_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real digits prepared into shards (``hetero dataset prep``), with a validation split."""
+    from realdata import write_digits
+
+    from training.data.prep import PrepRequest, prep
+
+    root = tmp_path_factory.mktemp("digits")
+    digits = write_digits(root / "folders", size=32)
+    prep(PrepRequest(src=str(digits.train_dir), val_src=str(digits.val_dir),
+                     out=str(root / "shards"), shard_bytes=64 * 1024))  # fmt: skip
+    return root / "shards"
+
+
+@pytest.mark.parametrize("data", ["synthetic", "shards"])
+def test_resume_with_mixup_ema_and_cosine_equals_an_uninterrupted_run(
+    tmp_path: Path, data: str, request: pytest.FixtureRequest
+) -> None:
     """Two gloo ranks, 6 steps, every recipe feature on; cut after step 3 and resumed: the
-    losses, weights and EMA weights are bit for bit those of the uninterrupted run."""
+    losses, weights and EMA weights are bit for bit those of the uninterrupted run. On
+    in-memory synthetic batches, and on real images read from a prepared dataset's shards in
+    their shard-aware order (the local input: each rank's loader, no data server)."""
 
     def run(where: Path, *steps: str) -> Path:
         where.mkdir(parents=True, exist_ok=True)
@@ -194,6 +216,15 @@ def test_resume_with_mixup_ema_and_cosine_equals_an_uninterrupted_run(tmp_path: 
             where, batch_size=4, steps=6, interval=3, job_keys=RECIPE_KEYS, tables=RECIPE_TABLES
         )
         argv = ["--spec", str(spec), "--run-dir", str(where / "run"), "--synthetic-data"]
+        if data == "shards":
+            shards = request.getfixturevalue("prepared_digits")
+            text = spec.read_text()
+            assert SYNTHETIC_DATASET in text
+            spec.write_text(text.replace(
+                SYNTHETIC_DATASET,
+                f'[job.dataset]\nsource = "shards"\npath = "{shards}"\nshuffle_shards = 2\n',
+            ))  # fmt: skip
+            argv.remove("--synthetic-data")
         for s in steps:
             assert run_local([*argv, *s.split()], 2, env=ENV, timeout=240) == [0, 0]
         return where
