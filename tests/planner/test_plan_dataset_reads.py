@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from realdata import write_digits
+from realdata import DigitsFolders, write_digits
 
 from training.planner.cli import make_plan, read_prepared_dataset
 from training.planner.dataplane import ReadBound, read_bound
@@ -35,6 +35,18 @@ def imagenet(cache_gb: float | None) -> DatasetRead:
         cache_bytes=int(cache_gb * 1e9) if cache_gb else 40 * 2**30,
         cache_note=f"cache_gb {cache_gb:g}" if cache_gb else "the default cache (estimate)",
     )
+
+
+def prepared_digits(tmp_path: Path, *, shard_mb: float) -> tuple[DigitsFolders, Path]:
+    """Real digits and the shards ``hetero dataset prep`` made of their training folder."""
+    digits = write_digits(tmp_path / "digits", size=16)
+    out = tmp_path / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "training.cli", "--log-level", "WARNING", "dataset", "prep",
+         "--src", str(digits.train_dir), "--out", str(out), "--shard-mb", str(shard_mb)],
+        cwd=REPO, check=True, capture_output=True,
+    )  # fmt: skip
+    return digits, out
 
 
 def test_read_bound_efficiency_weights_the_epochs_read_from_s3() -> None:
@@ -91,13 +103,7 @@ def test_a_server_that_cannot_read_fast_enough_slows_the_plan_and_says_so() -> N
 def test_the_plan_reads_a_local_manifest_and_leaves_one_in_s3_out_offline(
     tmp_path: Path,
 ) -> None:
-    digits = write_digits(tmp_path / "digits", size=16)
-    out = tmp_path / "shards"
-    subprocess.run(
-        [sys.executable, "-m", "training.cli", "--log-level", "WARNING", "dataset", "prep",
-         "--src", str(digits.train_dir), "--out", str(out), "--shard-mb", "0.5"],
-        cwd=REPO, check=True, capture_output=True,
-    )  # fmt: skip
+    digits, out = prepared_digits(tmp_path, shard_mb=0.5)
     text = (REPO / "cluster.toml").read_text()
     synthetic = 'source = "synthetic"            # synthetic | folder | s3\nnum_samples = 100000\n'
     assert synthetic in text
@@ -130,13 +136,7 @@ def test_bench_measures_the_shard_reads_and_the_plan_uses_them(
     from training.planner.bench import dataprep_record, measure_shard_reads
     from training.planner.results import THROUGHPUT_FORMAT, load_measured, read_dataprep
 
-    digits = write_digits(tmp_path / "digits", size=16)
-    out = tmp_path / "shards"
-    subprocess.run(
-        [sys.executable, "-m", "training.cli", "--log-level", "WARNING", "dataset", "prep",
-         "--src", str(digits.train_dir), "--out", str(out), "--shard-mb", "0.1"],
-        cwd=REPO, check=True, capture_output=True,
-    )  # fmt: skip
+    _, out = prepared_digits(tmp_path, shard_mb=0.1)
     text = (REPO / "cluster.toml").read_text()
     synthetic = 'source = "synthetic"            # synthetic | folder | s3\nnum_samples = 100000\n'
     spec_path = tmp_path / "cluster.toml"

@@ -134,7 +134,29 @@ class FolderImages:
         return f"folder {self.root} ({len(self.samples)} images, {self.num_classes} classes)"
 
 
-class S3Images:
+class LazyS3Client:
+    """An S3 client made on first use in each process: boto3 clients do not pickle, so the
+    attributes named in ``_not_pickled`` are dropped when a source is sent to a worker."""
+
+    _client: Any
+    _not_pickled: tuple[str, ...] = ("_client",)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3  # deferred: only S3 datasets pay for importing boto3
+
+            self._client = boto3.client("s3")
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in self._not_pickled:
+            state[name] = None
+        return state
+
+
+class S3Images(LazyS3Client):
     """Images under an S3 prefix: ``s3://bucket/prefix/<class>/<image>``; the class is the first
     sub-prefix. Keys are listed once; each process makes its own boto3 client. ``field`` is the
     spec field errors name."""
@@ -169,20 +191,6 @@ class S3Images:
             (key, i) for i, c in enumerate(self.classes) for key in sorted(by_class[c])
         ]
         self.num_classes = len(self.classes)
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            import boto3  # deferred: only S3 datasets pay for importing boto3
-
-            self._client = boto3.client("s3")
-        return self._client
-
-    def __getstate__(self) -> dict[str, Any]:
-        # boto3 clients do not pickle; each worker process makes its own.
-        state = self.__dict__.copy()
-        state["_client"] = None
-        return state
 
     def __len__(self) -> int:
         return len(self.keys)

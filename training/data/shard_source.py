@@ -25,12 +25,12 @@ import os
 import random
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from training.data.datasets import LazyS3Client
 from training.data.manifest import (
     Manifest,
     ManifestError,
@@ -153,11 +153,14 @@ def _has_size(path: Path, size: int) -> bool:
         return False
 
 
-class ShardImages:
+class ShardImages(LazyS3Client):
     """The ``split`` (``"train"`` or ``"val"``) of the prepared dataset at ``path`` (its folder,
     ``s3://`` prefix or ``manifest.json``). ``window``: shards an epoch shuffles together. For
     S3, shards are cached under ``cache_dir`` (default ``$TMPDIR/hetero-shards``) up to
-    ``cache_bytes``. Picklable: each process makes its own S3 client and reuses the cache."""
+    ``cache_bytes``. Picklable: each process makes its own S3 client and cache object over
+    the same cache folder."""
+
+    _not_pickled = ("_client", "_cache")
 
     def __init__(
         self,
@@ -190,26 +193,6 @@ class ShardImages:
         self._cache: ShardCache | None = None
         self._cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self._cache_bytes = cache_bytes
-        self._local = threading.local()
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            import boto3  # deferred: only S3 datasets pay for importing boto3
-
-            self._client = boto3.client("s3")
-        return self._client
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_client"] = None  # boto3 clients do not pickle; each process makes its own
-        state["_cache"] = None
-        state["_local"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
 
     # -- the source ----------------------------------------------------------------------------
 
