@@ -89,3 +89,16 @@ def no_process_left_behind() -> Iterator[None]:
         f"the test left {len(alive)} process(es) running (killed now):\n" + "\n".join(described),
         pytrace=False,
     )
+
+
+@pytest.fixture
+def aws() -> Iterator[object]:
+    """A fresh moto server (EC2, Auto Scaling, S3, SSM) on 127.0.0.1, set up as the rehearsal's
+    ``AwsEmulator`` (training/rehearsal/aws.py): for the rehearsal's and the launcher's tests."""
+    from training.rehearsal.aws import AwsEmulator
+
+    emulator = AwsEmulator().start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()

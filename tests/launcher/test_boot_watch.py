@@ -7,10 +7,7 @@ the state reason an OS shutdown leaves); the job record is a real one in a folde
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from training.launcher.boot_watch import BOOT_REASON, LAUNCH_SLACK_S, BootWatch, failed_boots
 from training.launcher.jobrecord import JobRecord
@@ -35,15 +32,6 @@ count = 1
 [job]
 steps = 4
 """
-
-
-@pytest.fixture
-def aws() -> Iterator[AwsEmulator]:
-    emulator = AwsEmulator().start()
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
 
 
 def spec(tmp_path: Path, name: str) -> ClusterSpec:

@@ -1,13 +1,11 @@
-"""Shared parts for the rehearsal tests: a moto server in this process, a small spec on disk."""
+"""Shared parts for the rehearsal tests: a small spec on disk (the moto server, ``aws``, is in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from training.rehearsal.aws import AwsEmulator
 
 SMALL_SPEC = """
 name = "tiny"
@@ -34,13 +32,3 @@ def small_spec(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.toml"
     path.write_text(SMALL_SPEC)
     return path
-
-
-@pytest.fixture
-def aws() -> Iterator[AwsEmulator]:
-    """A fresh moto server (EC2, Auto Scaling, S3) on 127.0.0.1."""
-    emulator = AwsEmulator().start()
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
