@@ -9,34 +9,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from small_spec import small_spec_text
+
 from training.launcher.boot_watch import BOOT_REASON, LAUNCH_SLACK_S, BootWatch, failed_boots
 from training.launcher.jobrecord import JobRecord
 from training.rehearsal.aws import AwsEmulator
 from training.spec import ClusterSpec, load_spec
 
-SPEC = """
-name = "{name}"
-
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 2
-
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-
-[job]
-steps = 4
-"""
-
 
 def spec(tmp_path: Path, name: str) -> ClusterSpec:
     path = tmp_path / f"{name}.toml"
-    path.write_text(SPEC.format(name=name))
+    path.write_text(small_spec_text(name))
     return load_spec(path)
 
 

@@ -240,7 +240,7 @@ def test_without_a_cap_the_trainer_gets_no_limit(
 def test_resume_after_a_budget_stop_gives_the_new_job_its_own_clock(
     monkeypatch: pytest.MonkeyPatch, spec: ClusterSpec
 ) -> None:
-    from .test_launcher_jobstart import NAME, NOW, OLD, keys, sizes
+    from .test_launcher_jobstart import NAME, NOW, OLD, deployed_groups, keys, sizes
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     with mock_aws():
@@ -255,18 +255,7 @@ def test_resume_after_a_budget_stop_gives_the_new_job_its_own_clock(
         old.end(Outcome.STOPPED, reason="budget: max_usd 1 reached", by="i-1")
         for key in ("step-4/a.distcp", "step-4/COMPLETE"):
             s3.put_object(Bucket="ckpt", Key=f"checkpoints/d-0123456789ab/{key}", Body=b"x")
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
-        ec2.create_launch_template(
-            LaunchTemplateName="vit-test",
-            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
-        )
-        for group in ("trainer", "dataprep"):
-            asg.create_auto_scaling_group(
-                AutoScalingGroupName=f"vit-test-{group}",
-                LaunchTemplate={"LaunchTemplateName": "vit-test"},
-                MinSize=0, MaxSize=2, DesiredCapacity=0, VPCZoneIdentifier=subnet,
-            )  # fmt: skip
+        deployed_groups(ec2, asg, "vit-test", {"trainer": 2, "dataprep": 2})
 
         started = start_job(spec, ssm=ssm, autoscaling=asg, s3=s3, now=NOW, token="ab12")
 
@@ -294,7 +283,7 @@ def test_job_start_may_give_the_resumed_job_a_cap_of_its_own(
     from training.launcher.jobparam import JobWatch, read_job_pointer
     from training.launcher.jobstart import JobStartError, report
 
-    from .test_launcher_jobstart import NOW, OLD
+    from .test_launcher_jobstart import NOW, OLD, deployed_groups
 
     spec_path = tmp_path / "capped.toml"
     spec_path.write_text(SPEC_WITH_CAP.replace("{cap}", "max_usd = 1\nmax_hours = 4"))
@@ -310,18 +299,7 @@ def test_job_start_may_give_the_resumed_job_a_cap_of_its_own(
             start_job(spec, ssm=ssm, autoscaling=asg, s3=s3, max_usd=0.0)
         assert read_job_pointer(ssm, "/hetero/one/job") == OLD  # nothing changed
         ec2 = boto3.client("ec2", region_name=REGION)
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
-        ec2.create_launch_template(
-            LaunchTemplateName="one",
-            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
-        )
-        for group in spec.groups:
-            asg.create_auto_scaling_group(
-                AutoScalingGroupName=f"one-{group.name}",
-                LaunchTemplate={"LaunchTemplateName": "one"},
-                MinSize=0, MaxSize=group.count, DesiredCapacity=0, VPCZoneIdentifier=subnet,
-            )  # fmt: skip
+        deployed_groups(ec2, asg, "one", {g.name: g.count for g in spec.groups})
         started = start_job(
             spec, ssm=ssm, autoscaling=asg, s3=s3, now=NOW, token="ab12", max_usd=25.0
         )

@@ -45,19 +45,25 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         s3.create_bucket(Bucket="ckpt")
         for key, body in {**RECORD, **CHECKPOINTS}.items():
             s3.put_object(Bucket="ckpt", Key=f"checkpoints/d-0123456789ab/{key}", Body=body)
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
-        ec2.create_launch_template(
-            LaunchTemplateName="vit-test",
-            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
-        )
-        for group in ("trainer", "dataprep"):
-            asg.create_auto_scaling_group(
-                AutoScalingGroupName=f"vit-test-{group}",
-                LaunchTemplate={"LaunchTemplateName": "vit-test"},
-                MinSize=0, MaxSize=2, DesiredCapacity=0, VPCZoneIdentifier=subnet,
-            )  # fmt: skip
+        deployed_groups(ec2, asg, "vit-test", {"trainer": 2, "dataprep": 2})
         yield {"ssm": ssm, "s3": s3, "asg": asg}
+
+
+def deployed_groups(ec2: Any, asg: Any, cluster: str, counts: dict[str, int]) -> None:
+    """The stack's Auto Scaling groups of ``cluster`` (in moto) after a job ended: one per
+    group, ``MaxSize`` its count (as the stack sets it), ``MinSize`` and desired 0."""
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+    ec2.create_launch_template(
+        LaunchTemplateName=cluster,
+        LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
+    )
+    for group, count in counts.items():
+        asg.create_auto_scaling_group(
+            AutoScalingGroupName=f"{cluster}-{group}",
+            LaunchTemplate={"LaunchTemplateName": cluster},
+            MinSize=0, MaxSize=count, DesiredCapacity=0, VPCZoneIdentifier=subnet,
+        )  # fmt: skip
 
 
 def keys(s3: Any) -> dict[str, bytes]:

@@ -6,29 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-SMALL_SPEC = """
-name = "tiny"
-
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 2
-
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-
-[job]
-steps = 4
-"""
+from small_spec import small_spec_text
 
 
 @pytest.fixture
 def small_spec(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.toml"
-    path.write_text(SMALL_SPEC)
+    path.write_text(small_spec_text())
     return path
