@@ -129,6 +129,15 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in chunks (a shard may be hundreds of MB)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def manifest_uri(path: str) -> str:
     """``path`` names the manifest itself or the folder it is in: the manifest's path or URI."""
     if path.endswith(".json"):

@@ -35,7 +35,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlparse
 
 from training.data.manifest import (
     FORMAT,
@@ -44,6 +43,7 @@ from training.data.manifest import (
     ManifestError,
     Shard,
     SplitIndex,
+    file_sha256,
     folder_of,
     load_manifest,
     manifest_uri,
@@ -235,11 +235,13 @@ class ShardWriter:
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise PrepError(f"{uri!r} is not an s3:// URI (expected s3://bucket/prefix)")
-    prefix = parsed.path.strip("/")
-    return parsed.netloc, f"{prefix}/" if prefix else ""
+    """``checkpoint_s3.parse_s3_uri`` (bucket, prefix ending in '/'), refused as a PrepError."""
+    from training.trainer.checkpoint_s3 import parse_s3_uri
+
+    try:
+        return parse_s3_uri(uri)
+    except ValueError as e:
+        raise PrepError(str(e)) from None
 
 
 def is_s3(uri: str) -> bool:
@@ -399,14 +401,6 @@ def open_output(uri: str, client: Any | None = None) -> Output:
     if is_s3(uri):
         return S3Output(uri, client if client is not None else s3_client())
     return LocalOutput(uri)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- what goes in ----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import random
@@ -36,6 +35,7 @@ from training.data.manifest import (
     ManifestError,
     Shard,
     SplitIndex,
+    file_sha256,
     folder_of,
     load_manifest,
 )
@@ -45,19 +45,10 @@ log = logging.getLogger(__name__)
 CACHE_FREE_SHARE = 0.8
 """The default cache may take at most this share of the free space in its folder."""
 DEFAULT_CACHE_FOLDER = "hetero-shards"
-_HASH_CHUNK = 1 << 20
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / DEFAULT_CACHE_FOLDER
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class ShardCache:
