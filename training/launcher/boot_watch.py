@@ -7,9 +7,11 @@ AWS CLI, and the image may be what failed). Its user data shuts the instance dow
 records that end as the state reason ``Client.InstanceInitiatedShutdown`` ("The instance was shut
 down from the operating system of the instance":
 https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html), and
-``DescribeInstances`` filters on it (``state-reason-code``) for as long as it lists the terminated
-instance (about an hour:
-https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html).
+``DescribeInstances`` filters on it (``state-reason-code``:
+https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html) for as long
+as it lists the terminated instance ("Terminated instances remain visible after termination (for
+approximately one hour)":
+https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_TerminateInstances.html).
 
 Every launcher of the job looks at each heartbeat: the cluster's instances that ended that way and
 launched after the job started (less ``LAUNCH_SLACK_S``: the first instances launch before the
