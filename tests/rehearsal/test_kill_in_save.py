@@ -126,11 +126,17 @@ class FakeSimulator:
         self.run = run
         self.on_kill = on_kill
         self.kills: list[str] = []
+        self.frozen: list[str] = []
 
     def instance(self, group: str, index: int) -> Any:
         return self.run if (group, index) == ("trainer", 1) else None
 
+    def freeze_tree(self, run: Any) -> None:
+        self.frozen.append(run.instance_id)
+
     def kill_tree(self, run: Any) -> list[int]:
+        # The injector freezes the tree first, so the kill lands inside the write.
+        assert self.frozen == [*self.kills, run.instance_id], "killed before it was frozen"
         self.kills.append(run.instance_id)
         if self.on_kill is not None:
             self.on_kill()

@@ -400,6 +400,7 @@ class FaultInjector(threading.Thread):
         killed: list[int] = []
 
         def kill(step: int) -> None:
+            self.simulator.freeze_tree(run)  # at once, so the kill lands inside the write
             killed.extend(self.simulator.kill_tree(run))
             rec.fired_t, rec.fired_wall = self.events.elapsed(), time.time()
             rec.step_at_fire = self.steps.current_step()

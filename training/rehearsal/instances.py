@@ -513,6 +513,17 @@ class GroupSimulator(threading.Thread):
 
     # -- what the fault injector and the end use --------------------------------------------
 
+    def freeze_tree(self, run: InstanceRun) -> None:
+        """SIGSTOP the instance's process group and every process of its tree at once: what
+        ``kill_tree`` does first (finding every marked process) takes long enough for a short
+        write to finish; a frozen tree does nothing more before the SIGKILL."""
+        with self._lock:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.popen.pid, signal.SIGSTOP)
+            for proc in run.live_processes():
+                with contextlib.suppress(psutil.Error):
+                    proc.suspend()
+
     def kill_tree(self, run: InstanceRun) -> list[int]:
         """SIGKILL the launcher and every descendant (found by tree and by marker)."""
         with self._lock:
