@@ -36,6 +36,12 @@ ENV_INSTANCE_ID: Final = "HETERO_INSTANCE_ID"
 can still name its instance to take it out of service (``early_exit``)."""
 LIFECYCLE_HOOK_NAME: Final = "hetero-checkpoint"
 """The termination lifecycle hook's name on every group of the stack."""
+ENV_SHARD_CACHE_DIR: Final = "HETERO_SHARD_CACHE_DIR"
+"""Where a prepared dataset's shard cache goes when ``[job.dataset] cache_dir`` is unset: on a
+dataprep instance, the host folder ``HOST_SHARD_CACHE_DIR`` (instance store where the type has
+it), mounted into the container at the same path."""
+HOST_SHARD_CACHE_DIR: Final = "/var/lib/hetero/shards"
+"""The shard cache's folder on a dataprep host (and in its container)."""
 ENV_REGION: Final = "AWS_DEFAULT_REGION"
 """The region (boto3 reads this variable)."""
 

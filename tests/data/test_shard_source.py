@@ -168,6 +168,27 @@ def test_s3_shards_are_read_whole_once_into_the_cache_and_then_from_disk(
     assert len(calls) == 1 + len(shards)
 
 
+def test_the_cache_goes_where_the_boot_provisioned_it_unless_the_spec_says(
+    prepared: Prepared, s3_dataset: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a dataprep instance the boot names the cache's folder (instance store where the type
+    has it) in ``HETERO_SHARD_CACHE_DIR``; a ``cache_dir`` in the spec still wins."""
+    provisioned, tmp = tmp_path / "instance-store", tmp_path / "tmp"
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("HETERO_SHARD_CACHE_DIR", str(provisioned))
+    shard = prepared.manifest.splits["train"].shards[0]
+    ShardImages("s3://data/digits/", "train", client=s3_dataset).read(shard.first)
+    assert [p.name for p in provisioned.glob("*.tar")] == [f"{shard.sha256}.tar"]
+    spec_dir = tmp_path / "from-spec"
+    ShardImages("s3://data/digits/", "train", cache_dir=spec_dir, client=s3_dataset).read(
+        shard.first
+    )
+    assert [p.name for p in spec_dir.glob("*.tar")] == [f"{shard.sha256}.tar"]
+    monkeypatch.delenv("HETERO_SHARD_CACHE_DIR")
+    ShardImages("s3://data/digits/", "train", client=s3_dataset).read(shard.first)
+    assert [p.name for p in (tmp / "hetero-shards").glob("*.tar")] == [f"{shard.sha256}.tar"]
+
+
 def test_the_cache_keeps_at_most_its_size_least_recently_used_first(
     prepared: Prepared, s3_dataset: Any, tmp_path: Path
 ) -> None:

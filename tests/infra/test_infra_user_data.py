@@ -109,22 +109,42 @@ def _script(built: BuiltApp, group: str) -> str:
 class Boot:
     """Runs a user data script in a temporary host layout with the stand-ins on PATH."""
 
-    def __init__(self, tmp: Path, script: str, *, docker_installed: bool = True) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        script: str,
+        *,
+        docker_installed: bool = True,
+        nvme: dict[str, str] | None = None,
+    ) -> None:
+        """``nvme``: the host's NVMe disks, name to model as sysfs gives it (padded)."""
         self.tmp = tmp
         self.spec_dir = tmp / "host" / "deployed"
         self.docker_config = tmp / "host" / "docker"
+        self.shard_cache = tmp / "host" / "shards"
+        self.sys_block = tmp / "sys" / "block"
+        for disk, model in (nvme or {}).items():
+            (self.sys_block / disk / "device").mkdir(parents=True)
+            (self.sys_block / disk / "device" / "model").write_text(model)
+        self.sys_block.mkdir(parents=True, exist_ok=True)
         lines = script.splitlines()
         assert "HOST_SPEC_DIR=/opt/hetero/deployed" in lines
         assert "export DOCKER_CONFIG=/root/.docker" in lines
-        self.script = script.replace(
-            "HOST_SPEC_DIR=/opt/hetero/deployed", f"HOST_SPEC_DIR={self.spec_dir}"
-        ).replace(
-            "export DOCKER_CONFIG=/root/.docker", f"export DOCKER_CONFIG={self.docker_config}"
+        self.script = (
+            script.replace("HOST_SPEC_DIR=/opt/hetero/deployed", f"HOST_SPEC_DIR={self.spec_dir}")
+            .replace(
+                "export DOCKER_CONFIG=/root/.docker", f"export DOCKER_CONFIG={self.docker_config}"
+            )
+            .replace(
+                "HOST_SHARD_CACHE=/var/lib/hetero/shards", f"HOST_SHARD_CACHE={self.shard_cache}"
+            )
+            .replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={self.sys_block}")
         )
         self.bin = tmp / "bin"
         self.bin.mkdir()
         for name in (
-            "dnf", "docker", "curl", "aws", "sleep", "systemctl", "nvidia-ctk", "shutdown"
+            "dnf", "docker", "curl", "aws", "sleep", "systemctl", "nvidia-ctk", "shutdown",
+            "mkfs.xfs", "mount",
         ):  # fmt: skip
             (self.bin / name).write_text(STUB)
             (self.bin / name).chmod(0o755)
@@ -157,7 +177,7 @@ def _image(built: BuiltApp) -> str:
     return image
 
 
-def _expected_run(image: str, group: str, trainer: bool) -> list[str]:
+def _expected_run(image: str, group: str, trainer: bool, boot: Boot) -> list[str]:
     env = [
         "HETERO_SPEC=/opt/hetero/deployed/cluster.toml",
         "HETERO_CLUSTER=vit-spot",
@@ -176,7 +196,12 @@ def _expected_run(image: str, group: str, trainer: bool) -> list[str]:
         "--network", "host", "--ipc", "host",
         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
         *(["--gpus", "all"] if trainer else []),
-        "-v", "SPEC_DIR:SPEC_DIR:ro",
+        "-v", f"{boot.spec_dir}:{boot.spec_dir}:ro",
+        # dataprep: the shard cache's host folder, at the same path, named to the launcher
+        *([] if trainer else [
+            "-v", f"{boot.shard_cache}:{boot.shard_cache}",
+            "-e", f"HETERO_SHARD_CACHE_DIR={boot.shard_cache}",
+        ]),
         *[arg for pair in (("-e", e) for e in env) for arg in pair],
         "--log-driver", "awslogs",
         "--log-opt", f"awslogs-region={REGION}",
@@ -194,8 +219,7 @@ def test_boot_installs_the_credential_helper_pulls_and_runs_the_launcher(
     result = boot.run()
     assert result.returncode == 0, result.stderr
     image = _image(spot)
-    run = _expected_run(image, group, trainer)
-    run[run.index("SPEC_DIR:SPEC_DIR:ro")] = f"{boot.spec_dir}:{boot.spec_dir}:ro"
+    run = _expected_run(image, group, trainer, boot)
     assert boot.calls() == [
         ("systemctl", ["enable", "--now", "docker"]),
         ("dnf", DNF_HELPER),
@@ -261,8 +285,7 @@ def test_a_failed_docker_run_shuts_the_instance_down(
     result = boot.run(docker=1, docker_run=1)  # the pull fails once (retried), then the run
     assert result.returncode != 0
     image = _image(spot)
-    run = _expected_run(image, group, trainer)
-    run[run.index("SPEC_DIR:SPEC_DIR:ro")] = f"{boot.spec_dir}:{boot.spec_dir}:ro"
+    run = _expected_run(image, group, trainer, boot)
     assert boot.calls() == [
         ("systemctl", ["enable", "--now", "docker"]),
         ("dnf", DNF_HELPER),
@@ -312,3 +335,64 @@ def test_docker_is_installed_when_the_ami_lacks_it(
         *([] if trainer else [("dnf", DNF_HELPER)]),
     ]
     assert boot.calls()[-1][1][0] == "run"
+
+
+# sysfs pads an NVMe model to the field's 40 characters.
+EBS_MODEL = f"{'Amazon Elastic Block Store':<40}\n"
+INSTANCE_STORE_MODEL = f"{'Amazon EC2 NVMe Instance Storage':<40}\n"
+
+
+def test_dataprep_puts_the_shard_cache_on_instance_store(spot: BuiltApp, tmp_path: Path) -> None:
+    """A type with NVMe instance store: the boot formats the first such volume (not the EBS root
+    volume, whichever name the driver gave it) and mounts it on the cache folder the launcher
+    gets, before the launcher starts."""
+    nvme = {"nvme0n1": INSTANCE_STORE_MODEL, "nvme1n1": EBS_MODEL, "nvme2n1": INSTANCE_STORE_MODEL}
+    boot = Boot(tmp_path, _script(spot, "dataprep"), nvme=nvme)
+    result = boot.run()
+    assert result.returncode == 0, result.stderr
+    calls = boot.calls()
+    pull = calls.index(("docker", ["pull", _image(spot)]))
+    assert calls[pull + 1 : pull + 3] == [
+        ("mkfs.xfs", ["-f", "-K", "/dev/nvme0n1"]),
+        ("mount", ["-o", "noatime", "/dev/nvme0n1", str(boot.shard_cache)]),
+    ]
+    assert [name for name, _ in calls].count("mkfs.xfs") == 1  # one volume is enough
+    assert calls[-1] == ("docker", _expected_run(_image(spot), "dataprep", False, boot))
+    assert "the shard cache is on instance store /dev/nvme0n1" in result.stdout
+
+
+def test_without_instance_store_the_cache_is_on_the_root_volume(
+    spot: BuiltApp, tmp_path: Path
+) -> None:
+    boot = Boot(tmp_path, _script(spot, "dataprep"), nvme={"nvme0n1": EBS_MODEL})
+    result = boot.run()
+    assert result.returncode == 0, result.stderr
+    names = [name for name, _ in boot.calls()]
+    assert "mkfs.xfs" not in names and "mount" not in names
+    assert boot.shard_cache.is_dir()  # the folder the container mounts exists
+    assert boot.calls()[-1] == ("docker", _expected_run(_image(spot), "dataprep", False, boot))
+    assert "no instance store volume; the shard cache is on the root volume" in result.stdout
+
+
+def test_a_failed_format_leaves_the_cache_on_the_root_volume(
+    spot: BuiltApp, tmp_path: Path
+) -> None:
+    """The cache is an optimisation: a volume that cannot be formatted must not stop the boot
+    (which would shut the instance down)."""
+    boot = Boot(tmp_path, _script(spot, "dataprep"), nvme={"nvme1n1": INSTANCE_STORE_MODEL})
+    result = boot.run(**{"mkfs.xfs": 1})
+    assert result.returncode == 0, result.stderr
+    names = [name for name, _ in boot.calls()]
+    assert "mount" not in names and "shutdown" not in names
+    assert boot.calls()[-1] == ("docker", _expected_run(_image(spot), "dataprep", False, boot))
+    assert "could not format or mount instance store /dev/nvme1n1" in result.stderr
+
+
+def test_trainers_leave_instance_store_alone(spot: BuiltApp, tmp_path: Path) -> None:
+    """The data servers read the shards; the trainer's boot neither formats nor mounts anything
+    (a trainer that augments on its own host caches shards in its container's temporary
+    folder, on the root volume)."""
+    boot = Boot(tmp_path, _script(spot, "trainer"), nvme={"nvme1n1": INSTANCE_STORE_MODEL})
+    assert boot.run().returncode == 0
+    names = [name for name, _ in boot.calls()]
+    assert "mkfs.xfs" not in names and "mount" not in names

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from training import aws_tags
 from training.data.datasets import LazyS3Client
 from training.data.manifest import (
     Manifest,
@@ -48,6 +49,11 @@ DEFAULT_CACHE_FOLDER = "hetero-shards"
 
 
 def default_cache_dir() -> Path:
+    """``$HETERO_SHARD_CACHE_DIR`` (set by the instance's boot: the folder on instance store
+    where the type has it), else ``$TMPDIR/hetero-shards``."""
+    provisioned = os.environ.get(aws_tags.ENV_SHARD_CACHE_DIR)
+    if provisioned:
+        return Path(provisioned)
     return Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / DEFAULT_CACHE_FOLDER
 
 
@@ -147,7 +153,7 @@ def _has_size(path: Path, size: int) -> bool:
 class ShardImages(LazyS3Client):
     """The ``split`` (``"train"`` or ``"val"``) of the prepared dataset at ``path`` (its folder,
     ``s3://`` prefix or ``manifest.json``). ``window``: shards an epoch shuffles together. For
-    S3, shards are cached under ``cache_dir`` (default ``$TMPDIR/hetero-shards``) up to
+    S3, shards are cached under ``cache_dir`` (default: ``default_cache_dir()``) up to
     ``cache_bytes``. Picklable: each process makes its own S3 client and cache object over
     the same cache folder."""
 
