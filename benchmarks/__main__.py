@@ -36,6 +36,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.checkpoint_s3_clients",
         "ViT-B/16 + AdamW to/from moto S3: boto3 uploader vs s3torchconnector (optional package)",
     ),
+    "shard_read_clients": (
+        "benchmarks.shard_read_clients",
+        "prepared-dataset shards from moto S3 into files: boto3 vs s3torchconnector (optional)",
+    ),
     "planner": (
         "benchmarks.planner",
         "hetero plan's predicted samples/s vs real runs, 4 configurations (target within 15%)",
