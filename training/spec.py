@@ -159,7 +159,7 @@ class InstanceGroup:
     instance_types: tuple[str, ...]
     """Ordered by preference; Spot groups may get any of them."""
     count: int
-    """Number of instances."""
+    """Number of instances (an elastic group's start: ``min_count <= count <= max_count``)."""
     market: Market = Market.SPOT
     efa: Efa = Efa.AUTO
     """``auto``: EFA where every listed type has it; ``on``: required; ``off``: never."""
@@ -168,6 +168,24 @@ class InstanceGroup:
     placement: Placement | None = None
     """``cluster`` or ``none``; ``None`` (not in the spec) resolves by
     ``uses_cluster_placement``."""
+    min_count: int | None = None
+    """Dataprep groups only: with ``max_count``, the group is elastic (the data-tier controller,
+    ``training.dataplane.autoscale``, sizes it between the two); default ``count``."""
+    max_count: int | None = None
+    """Dataprep groups only: the most instances the controller may run; default ``count``."""
+
+    @property
+    def min_size(self) -> int:
+        return self.count if self.min_count is None else self.min_count
+
+    @property
+    def max_size(self) -> int:
+        return self.count if self.max_count is None else self.max_count
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the data-tier controller sizes this group (its min and max differ)."""
+        return self.min_size != self.max_size
 
     @property
     def uses_cluster_placement(self) -> bool:
@@ -428,6 +446,18 @@ class DataPlaneSpec:
     server_memory_mb: int = 0
     """Bound on batch bytes in flight across all streams of a data server, in MB (0: derived
     from the host's memory)."""
+    autoscale_target_wait: float = 0.05
+    """Elastic dataprep groups: the data-wait share the controller keeps the trainer under
+    (``training.dataplane.autoscale``)."""
+    autoscale_max_busy: float = 0.75
+    """Elastic dataprep groups: a scale-in happens only when the servers left would be busy
+    at most this share of their time (and the data-wait share is under half the target)."""
+    autoscale_window: int = 3
+    """Elastic dataprep groups: metric intervals (``job.log_every`` steps each) the controller
+    averages before it decides; one slow interval does not decide alone."""
+    autoscale_cooldown_s: float = 60.0
+    """Elastic dataprep groups: seconds after a change (once every new server serves) before
+    the next decision."""
 
 
 @dataclass(frozen=True)
@@ -684,6 +714,23 @@ def _parse_group(r: _Reader, t: Mapping[str, Any]) -> InstanceGroup | None:
         else:
             ppi = ppi_raw
     placement = r.choice(t, "placement", Placement, None)
+    bounds: dict[str, int | None] = {}
+    for key in ("min_count", "max_count"):
+        bounds[key] = r.positive(t, key, 0) if key in t else None
+        if bounds[key] is not None and role is Role.TRAINER:
+            r.problem(
+                key,
+                "only dataprep groups are elastic; a trainer group has a fixed count (remove "
+                f"{key})",
+            )
+    low = bounds["min_count"] if bounds["min_count"] is not None else count
+    high = bounds["max_count"] if bounds["max_count"] is not None else count
+    if not low <= count <= high:
+        r.problem(
+            "count",
+            f"an elastic group starts at count, which must lie between min_count and max_count; "
+            f"got min_count {low}, count {count}, max_count {high}",
+        )
     if not name or role is None or not types or len(known) != len(types):
         return None
     return InstanceGroup(
@@ -695,6 +742,8 @@ def _parse_group(r: _Reader, t: Mapping[str, Any]) -> InstanceGroup | None:
         efa=efa,
         processes_per_instance=ppi,
         placement=placement,
+        min_count=bounds["min_count"],
+        max_count=bounds["max_count"],
     )
 
 
@@ -1019,6 +1068,10 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
                 r.problem(key, f"must be a positive number of seconds, got {value}")
                 value = getattr(d.dataplane, key)
             seconds[key] = value
+        cooldown = r.get(dp_t, "autoscale_cooldown_s", float, d.dataplane.autoscale_cooldown_s)
+        if not 0 <= cooldown < float("inf"):
+            r.problem("autoscale_cooldown_s", f"must be 0 or more seconds, got {cooldown}")
+            cooldown = d.dataplane.autoscale_cooldown_s
         dataplane = DataPlaneSpec(
             port=port,
             prefetch_batches=r.positive(dp_t, "prefetch_batches", d.dataplane.prefetch_batches),
@@ -1035,7 +1088,16 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
             server_memory_mb=r.positive(
                 dp_t, "server_memory_mb", d.dataplane.server_memory_mb, minimum=0
             ),
-        )
+            autoscale_target_wait=_fraction(
+                r, dp_t, "autoscale_target_wait", d.dataplane.autoscale_target_wait,
+                high=0.9, low_open=True,
+            ),
+            autoscale_max_busy=_fraction(
+                r, dp_t, "autoscale_max_busy", d.dataplane.autoscale_max_busy, low_open=True
+            ),
+            autoscale_window=r.positive(dp_t, "autoscale_window", d.dataplane.autoscale_window),
+            autoscale_cooldown_s=cooldown,
+        )  # fmt: skip
 
     steps = r.positive(t, "steps", 0) if "steps" in t else None
     epochs = r.positive(t, "epochs", 0) if "epochs" in t else None
