@@ -288,7 +288,8 @@ class InstanceGroupFleet(Construct):
     Spot groups get a mixed-instances policy over the group's ordered types with
     price-capacity-optimized allocation and capacity rebalancing; On-Demand groups use the same
     policy at 100% On-Demand, taking the types in order. Desired capacity is the spec's count,
-    so deploying starts the job.
+    so deploying starts the job. MinSize is 0 and MaxSize the count, except for an elastic
+    dataprep group (``group.elastic``): MinSize ``min_size``, MaxSize ``max_size``.
 
     The group's instances go into a cluster placement group of its own where
     ``group.uses_cluster_placement``, else into none (both in the cluster's one subnet).
@@ -441,8 +442,12 @@ class InstanceGroupFleet(Construct):
                     for t in group.instance_types
                 ],
             ),
-            min_capacity=0,
-            max_capacity=group.count,
+            # Fixed groups: 0 to count (job end and ``hetero job start`` set MinSize 0 too).
+            # An elastic dataprep group: the spec's min and max, which bound the data-tier
+            # controller's SetDesiredCapacity (training/dataplane/autoscale.py); it starts at
+            # count. Job end still sets MinSize and DesiredCapacity to 0.
+            min_capacity=group.min_size if group.elastic else 0,
+            max_capacity=group.max_size,
             desired_capacity=group.count,
             capacity_rebalance=group.market is Market.SPOT,
             # Instances in service, graphed on the dashboard (1-minute group metrics, no charge:
@@ -492,7 +497,7 @@ class InstanceGroupFleet(Construct):
         logger.debug(
             "group %s: %s x %s (%s, EFA layouts %s)",
             group.name,
-            group.count,
+            f"{group.count} ({group.min_size}-{group.max_size})" if group.elastic else group.count,
             "/".join(group.instance_types),
             group.market.value,
             {layout.name: names for layout, names in layouts.items()} or "none",

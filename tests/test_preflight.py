@@ -550,6 +550,26 @@ def test_quota_classes_and_vcpu_needs(tmp_path: Path) -> None:
     ]
 
 
+def test_an_elastic_group_needs_the_vcpus_of_its_max(tmp_path: Path) -> None:
+    """The data-tier controller may grow an elastic dataprep group to max_count: the quota
+    check counts that, and says so."""
+    path = tmp_path / "elastic.toml"
+    path.write_text(
+        SPEC.replace(
+            'instance_types = ["c6i.4xlarge", "c7i.4xlarge"]\ncount = 1\n',
+            'instance_types = ["c6i.4xlarge", "c7i.4xlarge"]\ncount = 2\nmin_count = 1\n'
+            "max_count = 5\n",
+        )
+    )
+    needs, problems = preflight.vcpu_needs(load_spec(path), VCPUS)
+    assert problems == []
+    [standard] = [n for n in needs if n.code == STANDARD_SPOT]
+    assert standard.vcpus == 5 * 16
+    assert standard.parts == [
+        "dataprep 5 (elastic 1-5, at most) x 16 (largest of: c6i.4xlarge 16, c7i.4xlarge 16)"
+    ]
+
+
 def test_cli_prints_table_and_exit_code(
     spec_path: Path,
     stubs: Stubs,

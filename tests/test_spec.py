@@ -572,3 +572,25 @@ def test_budget_caps_refuse_bad_values(key: str, value: Any, message: str) -> No
         p for p in found if p.startswith(message)
     ]
     assert any(p.startswith(message) for p in found)
+
+
+def test_cli_check_shows_an_elastic_groups_min_max_beside_its_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training import cli
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per row: no wrapping
+    text = (REPO / "cluster.toml").read_text()
+    dataprep = text.index('role = "dataprep"')
+    count = text.index("count = ", dataprep)
+    end = text.index("\n", count)
+    path = tmp_path / "elastic.toml"
+    path.write_text(text[:end] + "\nmin_count = 1\nmax_count = 4" + text[end:])
+    assert load_spec(path).group("dataprep").elastic
+    assert cli.main(["spec", "check", "--spec", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    [row] = [line for line in out if "dataprep" in line and "│" in line]
+    cells = [c.strip() for c in row.split("│")]
+    assert f"{load_spec(path).group('dataprep').count} (1-4)" in cells
+    [trainer] = [line for line in out if "trainer" in line and "│" in line]
+    assert "(" not in trainer.split("│")[4]  # a fixed group: its count alone

@@ -189,7 +189,8 @@ def vcpu_needs(
 
     A group may get any of its types, so it needs ``count x`` the largest vCPU count among its
     types; a group whose types span two classes needs that for each class it spans (it could
-    get all its instances from either).
+    get all its instances from either). An elastic group counts its ``max_size``: the data-tier
+    controller may grow it that far.
     """
     needs: dict[str, QuotaNeed] = {}
     problems: list[Check] = []
@@ -215,11 +216,14 @@ def vcpu_needs(
             needs.setdefault(code, QuotaNeed(code, cls.quota_name(group.market)))
         for code, types in by_code.items():
             per_instance = max(vcpus_by_type[t] for t in types)
-            needs[code].vcpus += group.count * per_instance
+            needs[code].vcpus += group.max_size * per_instance
             listed = ", ".join(f"{t} {vcpus_by_type[t]}" for t in types)
-            needs[code].parts.append(
-                f"{group.name} {group.count} x {per_instance} (largest of: {listed})"
+            size = (
+                f"{group.max_size} (elastic {group.min_size}-{group.max_size}, at most)"
+                if group.elastic
+                else str(group.count)
             )
+            needs[code].parts.append(f"{group.name} {size} x {per_instance} (largest of: {listed})")
     return list(needs.values()), problems
 
 

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
             g.name,
             g.role.value,
             ", ".join(g.instance_types),
-            str(g.count),
+            # An elastic group: where it starts, and the data-tier controller's min-max.
+            f"{g.count} ({g.min_size}-{g.max_size})" if g.elastic else str(g.count),
             g.market.value,
             f"{g.efa.value} ({'yes' if g.use_efa else 'no'})",
             str(g.ranks_per_instance * g.count) if g.role.value == "trainer" else "-",

@@ -156,6 +156,14 @@ efa = "auto"
 steps = 100
 """
 
+# SPOT_SPEC with an elastic dataprep group: the data-tier controller sizes it between 1 and 4,
+# starting at 2 (everything else as SPOT_SPEC, so the two templates compare).
+ELASTIC_SPEC = SPOT_SPEC.replace(
+    'instance_types = ["c6i.4xlarge"]\ncount = 1\n',
+    'instance_types = ["c6i.4xlarge"]\ncount = 2\nmin_count = 1\nmax_count = 4\n',
+)
+assert ELASTIC_SPEC != SPOT_SPEC
+
 DATASET_URI = "s3://vit-datasets/imagenet/train/"
 
 # SageMaker-style group names (underscores) and an S3 dataset: both roles also read the dataset.

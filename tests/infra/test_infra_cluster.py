@@ -13,6 +13,7 @@ import pytest
 from aws_cdk.assertions import Match
 from infra_support import (
     EFA_SPEC,
+    ELASTIC_SPEC,
     MIXED_EFA_SPEC,
     SPOT_SPEC,
     BuiltApp,
@@ -418,6 +419,32 @@ def test_desired_capacity_is_the_spec_count(spot: BuiltApp, efa: BuiltApp) -> No
             str(count),
             "0",
         )
+
+
+def test_an_elastic_dataprep_group_gets_the_spec_min_max_and_starts_at_count(
+    tmp_path: Path, spot: BuiltApp
+) -> None:
+    """min_count/max_count bound the data-tier controller's SetDesiredCapacity; desired is
+    count. The trainer group and every other property of the dataprep group are as without."""
+    elastic = build(tmp_path, ELASTIC_SPEC)
+    fleet = elastic.stacks.cluster.fleets["dataprep"]
+    assert fleet.group.elastic and not spot.stacks.cluster.fleets["dataprep"].group.elastic
+    dataprep = _asg(elastic, "dataprep")
+    assert (dataprep["MinSize"], dataprep["MaxSize"], dataprep["DesiredCapacity"]) == (
+        "1",
+        "4",
+        "2",
+    )
+    sizes = ("MinSize", "MaxSize", "DesiredCapacity")
+    before = _asg(spot, "dataprep")
+    assert {k: v for k, v in dataprep.items() if k not in sizes} == {
+        k: v for k, v in before.items() if k not in sizes
+    }
+    assert _asg(elastic, "trainer") == _asg(spot, "trainer")
+    # The instance role may already set the desired capacity of the cluster's groups.
+    assert "autoscaling:SetDesiredCapacity" in json.dumps(
+        elastic.cluster.find_resources("AWS::IAM::Policy")
+    )
 
 
 def test_a_changed_group_gets_the_spec_sizes_again(spot: BuiltApp, efa: BuiltApp) -> None:

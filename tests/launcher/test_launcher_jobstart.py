@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from moto import mock_aws
 
 from training.cli import main
 from training.launcher.jobparam import JobParameterNotFound, JobPointer, read_job_pointer
-from training.launcher.jobstart import JobStartError, start_job
+from training.launcher.jobstart import JobStartError, group_sizes, start_job
 from training.spec import ClusterSpec
 
 REGION = "us-east-1"
@@ -277,3 +278,23 @@ def test_the_job_id_format(aws: dict[str, Any], spec: ClusterSpec) -> None:
     assert json.loads(aws["ssm"].get_parameter(Name=NAME)["Parameter"]["Value"])["job_id"] == (
         started.pointer.job_id
     )
+
+
+def test_an_elastic_dataprep_group_starts_at_count_within_its_min_and_max(
+    aws: dict[str, Any], spec: ClusterSpec
+) -> None:
+    """The stack gives an elastic group MaxSize max_count (``infra/instance_group.py``): that is
+    the deployed spec, and the job starts it at count between min_count and max_count."""
+    dataprep = replace(spec.group("dataprep"), min_count=1, max_count=4)
+    elastic = replace(
+        spec, groups=tuple(dataprep if g.name == "dataprep" else g for g in spec.groups)
+    )
+    assert group_sizes(dataprep) == (1, 4, 2)
+    assert group_sizes(spec.group("trainer")) == (0, 2, 2)
+    # Deployed with the elastic spec: MaxSize is max_count. The fixed spec no longer matches.
+    aws["asg"].update_auto_scaling_group(AutoScalingGroupName="vit-test-dataprep", MaxSize=4)
+    with pytest.raises(JobStartError, match=r"vit-test-dataprep \(MaxSize 4, spec count 2\)"):
+        start(aws, spec)
+    started = start(aws, elastic)
+    assert started.groups == (("vit-test-trainer", 2), ("vit-test-dataprep", 2))
+    assert sizes(aws["asg"]) == {"vit-test-trainer": (0, 2, 2), "vit-test-dataprep": (1, 4, 2)}

@@ -14,7 +14,9 @@ groups back at their counts:
    ``--fresh``: the new job gets its own folder, ``<parent of the old URI>/<new job id>/``,
    and starts from step 0;
 4. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
-   (pointer first: an instance that starts must read the new job).
+   (pointer first: an instance that starts must read the new job); an elastic dataprep group
+   (``min_count``/``max_count``) gets ``MinSize=min_size, MaxSize=max_size,
+   DesiredCapacity=count``, the sizes the stack gives it (``group_sizes``).
 
 Instances still running the old job (``--force``) read the pointer at least every
 ``--job-poll`` seconds: they stop the old job's role (the trainer checkpoints) and start again
@@ -44,7 +46,7 @@ from training.launcher.jobparam import (
     JobPointerError,
     read_job_pointer,
 )
-from training.spec import ClusterSpec, load_spec
+from training.spec import ClusterSpec, InstanceGroup, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,15 @@ class StartedJob:
     """Where the old record went (``--resume``), else None."""
     groups: tuple[tuple[str, int], ...]
     """(Auto Scaling group, desired capacity) as set."""
+
+
+def group_sizes(group: InstanceGroup) -> tuple[int, int, int]:
+    """(MinSize, MaxSize, DesiredCapacity) of ``group`` at a job's start, as the stack sets
+    them (``infra/instance_group.py``): ``(0, count, count)``, or for an elastic group
+    ``(min_size, max_size, count)``."""
+    if group.elastic:
+        return group.min_size, group.max_size, group.count
+    return 0, group.count, group.count
 
 
 def new_job_id(now: datetime, token: str) -> str:
@@ -105,12 +116,13 @@ def check_groups(
             f"Auto Scaling group(s) {', '.join(missing)} not found: deploy the stack with this "
             f"spec first (npx cdk deploy --all -c spec={spec_path}), or pass the deployed spec"
         )
-    # The stack sets MaxSize to the spec's count and job end leaves it: another count means
-    # another spec than the deployed one (whose copy the instances run).
+    # The stack sets MaxSize to the spec's count (an elastic group's: max_count) and job end
+    # leaves it: another means another spec than the deployed one (whose copy the instances run).
     other = [
-        f"{names[g.name]} (MaxSize {by_name[names[g.name]]['MaxSize']}, spec count {g.count})"
+        f"{names[g.name]} (MaxSize {by_name[names[g.name]]['MaxSize']}, spec "
+        + (f"max_count {g.max_size})" if g.elastic else f"count {g.count})")
         for g in spec.groups
-        if by_name[names[g.name]]["MaxSize"] != g.count
+        if by_name[names[g.name]]["MaxSize"] != g.max_size
     ]
     if other:
         raise JobStartError(
@@ -216,20 +228,21 @@ def start_job(
         history_uri, moved = archive_job_record(s3, previous.checkpoint_uri, previous.job_id)
     ssm.put_parameter(Name=name, Value=pointer.to_json(), Type="String", Overwrite=True)
     log.info("job pointer %s: %s", name, pointer.to_json())
-    groups = tuple((aws_tags.asg_name(spec.name, g.name), g.count) for g in spec.groups)
+    sizes = {aws_tags.asg_name(spec.name, g.name): group_sizes(g) for g in spec.groups}
+    groups = tuple((asg, desired) for asg, (_, _, desired) in sizes.items())
     failed = []
-    for asg, count in groups:
+    for asg, (low, high, desired) in sizes.items():
         try:
             autoscaling.update_auto_scaling_group(
-                AutoScalingGroupName=asg, MinSize=0, MaxSize=count, DesiredCapacity=count
+                AutoScalingGroupName=asg, MinSize=low, MaxSize=high, DesiredCapacity=desired
             )
         except Exception as e:  # Try every group; report all that failed.
             failed.append(f"{asg}: {e}")
     if failed:
         fix = "\n".join(
             f"  aws autoscaling update-auto-scaling-group --auto-scaling-group-name {asg} "
-            f"--min-size 0 --max-size {count} --desired-capacity {count}"
-            for asg, count in groups
+            f"--min-size {low} --max-size {high} --desired-capacity {desired}"
+            for asg, (low, high, desired) in sizes.items()
         )
         raise JobStartError(
             f"job {job_id} is the current job now ({name}), but these groups were not scaled: "

@@ -7,7 +7,8 @@ this process; ``provision(spec)`` creates what the cluster stack creates for one
   127.0.1.4, .5, ... in launch order, real loopback addresses every process can bind;
 - per instance group a launch template (IMDSv2 required, instance metadata tags on) and an Auto
   Scaling group named ``training.aws_tags.asg_name(cluster, group)`` with MinSize = MaxSize =
-  DesiredCapacity = count, tagged ``hetero:cluster``, ``hetero:group`` and ``hetero:role`` with
+  DesiredCapacity = count (an elastic group: MinSize ``min_size``, MaxSize ``max_size``, as the
+  stack), tagged ``hetero:cluster``, ``hetero:group`` and ``hetero:role`` with
   PropagateAtLaunch, and a termination lifecycle hook ``hetero-checkpoint``;
 - the checkpoint bucket;
 - given the spec's text, the job pointer (SSM), as ``infra/job.py`` writes it.
@@ -198,8 +199,8 @@ class AwsEmulator:
             autoscaling.create_auto_scaling_group(
                 AutoScalingGroupName=name,
                 LaunchTemplate={"LaunchTemplateName": template, "Version": "$Latest"},
-                MinSize=group.count,
-                MaxSize=group.count,  # as the stack: ``hetero job start`` checks it
+                MinSize=group.min_size,  # count, or an elastic group's min_count
+                MaxSize=group.max_size,  # as the stack: ``hetero job start`` checks it
                 DesiredCapacity=group.count,
                 VPCZoneIdentifier=subnet,
                 Tags=[
