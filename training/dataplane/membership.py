@@ -13,6 +13,7 @@ lists is forgotten and its channels closed (its streams' ranges go back to the p
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -339,6 +340,48 @@ class ServerPool:
         if not out:
             out["(none)"] = self._discovery_error or f"{self.discovery.describe()} lists no server"
         return out
+
+    def server_loads(self, timeout_s: float = 2.0) -> dict[str, tuple[float, float]]:
+        """``{address: (busy_s, uptime_s)}`` from ``GetInfo`` of each serving server, on the
+        pool's channel to it; cumulative since the server started (the busy share over a while
+        is the change of busy_s over the change of uptime_s). The calls run concurrently, each
+        bounded by ``timeout_s``; a server whose call fails is left out (logged at debug)."""
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
+        with self._cond:
+            serving = [
+                (a, s.channels[0])
+                for a, s in self._servers.items()
+                if s.state is ServerState.SERVING
+            ]
+        calls: list[tuple[str, grpc.Future]] = []
+        for address, channel in serving:
+            try:
+                calls.append(
+                    (
+                        address,
+                        dataplane_pb2_grpc.DataPlaneStub(channel).GetInfo.future(
+                            dataplane_pb2.GetInfoRequest(), timeout=timeout_s
+                        ),
+                    )
+                )
+            except Exception as e:  # e.g. its channel was closed meanwhile (forgotten)
+                log.debug("load of data server %s: %s", address, e)
+        loads: dict[str, tuple[float, float]] = {}
+        for address, call in calls:
+            try:
+                # The RPC's own deadline bounds it; the margin only guards against a hang.
+                info = call.result(timeout=timeout_s + 1.0)
+            except grpc.RpcError as e:
+                problem = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.Call) else str(e)
+                log.debug("load of data server %s: %s", address, problem)
+                continue
+            except Exception as e:
+                call.cancel()
+                log.debug("load of data server %s: %s", address, e or type(e).__name__)
+                continue
+            loads[address] = (float(info.busy_s), float(info.uptime_s))
+        return loads
 
     def describe_errors(self) -> str:
         return "\n".join(f"  {a}: {e}" for a, e in self.errors().items())

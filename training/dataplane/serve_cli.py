@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
+# load.py imports neither torch nor gRPC: cheap before a server is really started.
+from training.dataplane.load import ENV_MAX_IMAGES_PER_S
 from training.spec import load_spec
+
+
+def images_per_s(text: str) -> float:
+    """A ``--max-images-per-s`` value: a positive, finite number (argparse type)."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and rate > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive, finite number of images per second, got {text!r}"
+        )
+    return rate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bound on batch bytes in flight across all streams, in MB (default: "
         "job.dataplane.server_memory_mb; 0: derived from the host's memory)",
     )
+    parser.add_argument(
+        "--max-images-per-s",
+        type=images_per_s,
+        default=None,
+        metavar="R",
+        help="throttle: the server as a whole delivers at most R images per second, like a "
+        f"slower machine (tests, rehearsals; default: ${ENV_MAX_IMAGES_PER_S} if set, else none)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    max_images_per_s = args.max_images_per_s
+    if max_images_per_s is None and os.environ.get(ENV_MAX_IMAGES_PER_S, "").strip():
+        try:
+            max_images_per_s = images_per_s(os.environ[ENV_MAX_IMAGES_PER_S].strip())
+        except argparse.ArgumentTypeError as e:
+            print(f"{ENV_MAX_IMAGES_PER_S} {e}", file=sys.stderr)
+            return 2
     # Deferred: torch and gRPC load only when a server is really started.
     from training.dataplane.server import serve
 
@@ -57,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             workers=args.workers,
             memory_mb=args.memory_mb,
+            max_images_per_s=max_images_per_s,
             on_listening=announce,
         )
     except (ValueError, OSError) as e:

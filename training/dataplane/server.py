@@ -28,6 +28,7 @@ from training.data.order import batch_seed
 from training.data.splits import Split, parse_split
 from training.data.transforms import EvalTransform, decode_recipe, encode_recipe
 from training.dataplane.budget import MB, ByteBudget, default_memory_budget_bytes
+from training.dataplane.load import ImageRateThrottle, PoolLoad, check_images_per_s
 from training.dataplane.sources import AugmentingBatchSource, BatchSource, BatchWork
 from training.dataplane.v1 import dataplane_pb2
 from training.dataplane.wire import encode_batch
@@ -54,6 +55,10 @@ BATCH_MEMORY_FACTOR = 3
 # How often a waiting stream (for the memory budget, for a worker) checks that its client is
 # still there.
 _POLL_S = 0.25
+
+# A batch under way in a stream: its positions [start, stop), its charge to the memory budget,
+# the worker's future, and when the throttle lets it go (None: no throttle).
+_Pending = tuple[int, int, int, futures.Future[AugmentedSamples], float | None]
 
 _Request = TypeVar("_Request", bound=Message)
 
@@ -119,6 +124,10 @@ class DataPlaneServicer:
 
     ``memory_budget`` bounds the batch bytes in flight across all streams (``batch_memory_bytes``
     per batch): a stream that does not fit waits, up to ``batch_timeout_s``, for others to send.
+
+    ``max_images_per_s`` (tests, rehearsals: a stand-in for a slower machine) makes the server as
+    a whole deliver at most that many images per second (``load.ImageRateThrottle``); its load
+    (``GetInfo``'s ``busy_s``) is then the throttle's busy time rather than the worker pool's.
     """
 
     def __init__(
@@ -130,7 +139,15 @@ class DataPlaneServicer:
         inflight_batches: int | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         batch_timeout_s: float = 120.0,
+        max_images_per_s: float | None = None,
     ) -> None:
+        self._throttle = (
+            ImageRateThrottle(max_images_per_s) if max_images_per_s is not None else None
+        )
+        self._started = time.monotonic()
+        self._pool_load = PoolLoad(source.workers)
+        self._active_streams = 0
+        self._streams_lock = threading.Lock()
         self._source = source
         self._on_shutdown = on_shutdown
         self._budget = memory_budget
@@ -228,14 +245,14 @@ class DataPlaneServicer:
 
     def _encode_next(
         self,
-        pending: collections.deque[tuple[int, int, int, futures.Future[AugmentedSamples]]],
+        pending: collections.deque[_Pending],
         context: grpc.ServicerContext,
     ) -> tuple[bytes, int] | None:
         """Wait for the oldest pending batch and encode it; returns the message and the bytes it
         holds of the memory budget, or None when the client went away meanwhile. (A function of
         its own so that the worker's result is freed when it returns: only the message stays
-        alive while gRPC sends it.)"""
-        start, stop, charge, future = pending.popleft()
+        alive while gRPC sends it.) With a throttle, the batch also waits for its time."""
+        start, stop, charge, future, ready_at = pending.popleft()
         deadline = time.monotonic() + self._batch_timeout_s
         # Waits in short steps: a stream whose client is gone stops at once (its ``finally``
         # cancels the batches queued for it) instead of when this batch is done.
@@ -254,6 +271,12 @@ class DataPlaneServicer:
         except Exception as e:
             log.exception("batch [%d, %d) failed", start, stop)
             context.abort(grpc.StatusCode.INTERNAL, f"batch [{start}, {stop}) failed: {e}")
+        if ready_at is not None:
+            # The throttle's time for this batch, in the same short steps.
+            while (left := ready_at - time.monotonic()) > 0:
+                if not context.is_active():
+                    return None
+                time.sleep(min(_POLL_S, left))
         if samples.skipped_ids:
             log.warning(
                 "skipped %d unreadable sample(s): %s", len(samples.skipped_ids), samples.skipped_ids
@@ -263,6 +286,20 @@ class DataPlaneServicer:
     # ---- RPCs ----------------------------------------------------------------------------
 
     def StreamBatches(
+        self,
+        request: dataplane_pb2.StreamBatchesRequest | UndecodableRequest,
+        context: grpc.ServicerContext,
+    ) -> Iterator[bytes]:
+        """``_stream_batches``, counted in ``active_streams`` while it runs."""
+        with self._streams_lock:
+            self._active_streams += 1
+        try:
+            yield from self._stream_batches(request, context)
+        finally:
+            with self._streams_lock:
+                self._active_streams -= 1
+
+    def _stream_batches(
         self,
         request: dataplane_pb2.StreamBatchesRequest | UndecodableRequest,
         context: grpc.ServicerContext,
@@ -292,9 +329,7 @@ class DataPlaneServicer:
         # Training: the epoch's permutation. Validation: identity order (position i is
         # validation sample i), whatever the seed and epoch.
         order = self._order(request.seed, request.epoch) if split is Split.TRAIN else None
-        pending: collections.deque[tuple[int, int, int, futures.Future[AugmentedSamples]]] = (
-            collections.deque()
-        )
+        pending: collections.deque[_Pending] = collections.deque()
         held = 0  # bytes of the memory budget this stream holds, of which
         retained = 0  # for the last message gRPC took
         position = request.start
@@ -337,7 +372,13 @@ class DataPlaneServicer:
                             grpc.StatusCode.UNAVAILABLE,
                             f"cannot make batch [{position}, {end}): {e or type(e).__name__}",
                         )
-                    pending.append((position, end, charge, future))
+                    self._pool_load.track(future)
+                    ready_at = (
+                        self._throttle.reserve(end - position)
+                        if self._throttle is not None
+                        else None
+                    )
+                    pending.append((position, end, charge, future, ready_at))
                     position = end
                 encoded = self._encode_next(pending, context)
                 if encoded is None:
@@ -353,7 +394,7 @@ class DataPlaneServicer:
                 retained = charge
         finally:
             # Client went away or the stream failed: do not augment batches nobody will read.
-            for _, _, _, future in pending:
+            for _, _, _, future, _ in pending:
                 future.cancel()
             if held:
                 self._budget.release(held)
@@ -374,7 +415,28 @@ class DataPlaneServicer:
             recipes=[r.value for r in Recipe],
             max_message_bytes=self._max_message_bytes,
             workers=self._source.workers,
+            busy_s=self.busy_s(),
+            uptime_s=self.uptime_s(),
+            active_streams=self.active_streams,
         )
+
+    # ---- load ------------------------------------------------------------------------------
+
+    def uptime_s(self) -> float:
+        """Seconds since this servicer started (monotonic clock)."""
+        return time.monotonic() - self._started
+
+    def busy_s(self) -> float:
+        """Seconds of capacity used since the start, at most 1 per second: the worker pool's
+        share in use (``PoolLoad``), or with a throttle the throttle's busy time."""
+        if self._throttle is not None:
+            return self._throttle.busy_s()
+        return self._pool_load.busy_s()
+
+    @property
+    def active_streams(self) -> int:
+        with self._streams_lock:
+            return self._active_streams
 
     def Shutdown(
         self,
@@ -455,14 +517,19 @@ def create_server(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     memory_budget_bytes: int = 0,
     batch_timeout_s: float = 120.0,
+    max_images_per_s: float | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a data server for ``source`` on ``host:port`` (port 0: a free one) with health
     checking; return ``(server, bound_port)``. At most ``memory_budget_bytes`` of batches are in
     flight across its streams (0: ``budget.default_memory_budget_bytes()``); a stream fails when a
     batch (or its wait for the budget) takes longer than ``batch_timeout_s``. The Shutdown RPC
-    stops it gracefully; the caller closes ``source`` after ``server.wait_for_termination()``."""
+    stops it gracefully; the caller closes ``source`` after ``server.wait_for_termination()``.
+    ``max_images_per_s`` throttles the whole server to that rate (tests and rehearsals: a
+    stand-in for a slower machine; None: no throttle)."""
     if memory_budget_bytes < 0:
         raise ValueError(f"memory_budget_bytes must be 0 or more, got {memory_budget_bytes}")
+    if max_images_per_s is not None:
+        max_images_per_s = check_images_per_s(max_images_per_s)
     budget = ByteBudget(memory_budget_bytes or default_memory_budget_bytes())
     # Streams mostly wait on workers or flow control; threads beyond the worker count are cheap.
     server = grpc.server(
@@ -479,6 +546,7 @@ def create_server(
         inflight_batches=inflight_batches,
         max_message_bytes=max_message_bytes,
         batch_timeout_s=batch_timeout_s,
+        max_images_per_s=max_images_per_s,
     )
     _add_dataplane_servicer(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -502,6 +570,8 @@ def create_server(
         source.workers,
         budget.limit // MB,
     )
+    if max_images_per_s is not None:
+        log.warning("throttled to %g images/s (max_images_per_s)", max_images_per_s)
     return server, bound
 
 
@@ -512,12 +582,15 @@ def serve(
     host: str = "0.0.0.0",
     workers: int | None = None,
     memory_mb: int | None = None,
+    max_images_per_s: float | None = None,
     on_listening: Callable[[int], None] | None = None,
 ) -> int:
     """Run a data server for ``spec`` until Shutdown RPC, SIGTERM or SIGINT; return 0 when it
     stopped gracefully. ``workers`` and ``memory_mb`` (the memory budget for batches in flight;
-    0: derived from the host's memory) override the spec. ``on_listening(port)`` is called once
-    it accepts requests."""
+    0: derived from the host's memory) override the spec; ``max_images_per_s`` throttles the
+    server (``create_server``). ``on_listening(port)`` is called once it accepts requests."""
+    if max_images_per_s is not None:
+        max_images_per_s = check_images_per_s(max_images_per_s)
     dp = spec.job.dataplane
     memory_mb = dp.server_memory_mb if memory_mb is None else memory_mb
     source = AugmentingBatchSource(
@@ -533,6 +606,7 @@ def serve(
             port=dp.port if port is None else port,
             host=host,
             memory_budget_bytes=memory_mb * MB,
+            max_images_per_s=max_images_per_s,
         )
 
         def _on_signal(signum: int, frame: FrameType | None) -> None:

@@ -152,6 +152,9 @@ class ServerInfo(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
     NUM_VAL_SAMPLES_FIELD_NUMBER: _builtins.int
+    BUSY_S_FIELD_NUMBER: _builtins.int
+    UPTIME_S_FIELD_NUMBER: _builtins.int
+    ACTIVE_STREAMS_FIELD_NUMBER: _builtins.int
     num_samples: _builtins.int
     """samples of the training split"""
     num_classes: _builtins.int
@@ -164,6 +167,17 @@ class ServerInfo(_message.Message):
     """augmentation worker processes"""
     num_val_samples: _builtins.int
     """samples of the validation split; 0: no validation set"""
+    busy_s: _builtins.float
+    """Load, cumulative since the server started (a reader takes the busy share as the change of
+    busy_s over the change of uptime_s between two looks; older servers report 0 for both).
+    busy_s: seconds of the server's capacity in use, at most 1 per second: the share of the
+    augmentation workers busy with a batch (min(batches in flight, workers) / workers), or,
+    for a server throttled to R images/s (a test knob), images served / R.
+    """
+    uptime_s: _builtins.float
+    """seconds since the server started (monotonic clock)"""
+    active_streams: _builtins.int
+    """StreamBatches calls running now"""
     @_builtins.property
     def recipes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """recipes a request may name"""
@@ -179,10 +193,13 @@ class ServerInfo(_message.Message):
         max_message_bytes: _builtins.int = ...,
         workers: _builtins.int = ...,
         num_val_samples: _builtins.int = ...,
+        busy_s: _builtins.float = ...,
+        uptime_s: _builtins.float = ...,
+        active_streams: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_recipe", b"default_recipe", "image_size", b"image_size", "max_message_bytes", b"max_message_bytes", "num_classes", b"num_classes", "num_samples", b"num_samples", "num_val_samples", b"num_val_samples", "recipes", b"recipes", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_streams", b"active_streams", "busy_s", b"busy_s", "default_recipe", b"default_recipe", "image_size", b"image_size", "max_message_bytes", b"max_message_bytes", "num_classes", b"num_classes", "num_samples", b"num_samples", "num_val_samples", b"num_val_samples", "recipes", b"recipes", "uptime_s", b"uptime_s", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
