@@ -1,6 +1,7 @@
 """A CloudWatch dashboard of one cluster's training: validation top-1 (raw and EMA weights),
-throughput, data wait, samples per dollar, GPU utilisation and checkpoint age, and optionally the
-trainer groups' in-service instances.
+throughput, data wait, samples per dollar, GPU utilisation, checkpoint age, the data servers
+serving and the data-tier controller's target (empty unless a dataprep group is elastic), and
+optionally the trainer groups' in-service instances.
 
 The trainer metrics are not sent by any API call: rank 0 of the trainer prints one CloudWatch
 Embedded Metric Format line per logged interval and one per evaluation on stdout
@@ -42,8 +43,11 @@ STATISTICS: Final[dict[str, str]] = {
     "CheckpointAge": cw.Stats.MAXIMUM,
     "ValidationTop1": cw.Stats.AVERAGE,
     "EmaValidationTop1": cw.Stats.AVERAGE,
+    "DataServers": cw.Stats.AVERAGE,
+    "DataServersTarget": cw.Stats.AVERAGE,
 }
-"""Rates and shares are averaged over the minute; the checkpoint age takes its maximum."""
+"""Rates, shares and counts are averaged over the minute; the checkpoint age takes its
+maximum."""
 
 VALIDATION_GRAPHED: Final[tuple[str, ...]] = ("ValidationTop1", "EmaValidationTop1")
 """The validation metrics graphed (one widget); the EMA's exists only when the job keeps EMA
@@ -58,6 +62,11 @@ TITLES: Final[dict[str, str]] = {
 }
 
 VALIDATION_TITLE: Final = "Validation top-1 (%, raw and EMA weights)"
+
+DATA_SERVERS_GRAPHED: Final[tuple[str, ...]] = ("DataServers", "DataServersTarget")
+"""One widget: the data servers serving and the data-tier controller's target count (sent only
+while a dataprep group is elastic)."""
+DATA_SERVERS_TITLE: Final = "Data servers: serving and target"
 
 _PERCENT_AXIS = cw.YAxisProps(min=0, max=100, show_units=False)
 
@@ -119,6 +128,10 @@ class ClusterDashboard(Construct):
                 height=6,
             )
 
+        unknown = set(DATA_SERVERS_GRAPHED) - set(self.metrics)
+        if unknown:  # The trainer renamed or dropped a data-tier metric.
+            raise ValueError(f"the trainer sends no data-tier metric {sorted(unknown)}")
+
         rows: list[list[cw.IWidget]] = [
             [cw.TextWidget(markdown=_about(cluster_name, trainer_asg_names), width=24, height=4)],
             [
@@ -157,6 +170,18 @@ class ClusterDashboard(Construct):
                 )
             )
         rows.append(last)
+        rows.append(
+            [
+                cw.GraphWidget(
+                    title=DATA_SERVERS_TITLE,
+                    left=[self.metrics[name] for name in DATA_SERVERS_GRAPHED],
+                    statistic=cw.Stats.AVERAGE,
+                    left_y_axis=cw.YAxisProps(min=0),
+                    width=12,
+                    height=6,
+                )
+            ]
+        )
         self.dashboard = cw.Dashboard(
             self, "Dashboard", dashboard_name=dashboard_name(cluster_name), widgets=rows
         )
@@ -173,7 +198,9 @@ def _about(cluster_name: str, trainer_asg_names: Sequence[str]) -> str:
         f"`{DIMENSION_CLUSTER}={cluster_name}`, one-minute graphs). A metric that could not be "
         "measured in an interval (no GPU or NVML, no price, no checkpoint yet) is left out, "
         "not drawn as 0. Validation top-1 has a point per evaluation (every "
-        "`job.eval.every_steps` and at the end); the EMA's only when `[job.ema]` is on.",
+        "`job.eval.every_steps` and at the end); the EMA's only when `[job.ema]` is on. "
+        "Data servers (serving, and the data-tier controller's target) are sent only when a "
+        "dataprep group is elastic (`min_count`/`max_count`).",
     ]
     if trainer_asg_names:
         lines.append(

@@ -1,10 +1,11 @@
-"""The cluster's CloudWatch dashboard (``infra/dashboard.py``): one dashboard named after the
-spec, whose body graphs exactly the trainer's five interval EMF metrics with ``Cluster=<spec
-name>`` (one minute, Average for rates and shares, Maximum for the checkpoint age), one
-validation widget with exactly ``ValidationTop1`` and ``EmaValidationTop1`` (the names the
-trainer's validation EMF line carries), the trainer group's in-service instances, a text widget
-on where the numbers come from, and a ``DashboardName`` output. The body is parsed as the JSON
-CloudWatch receives (``Fn::Join`` with the region)."""
+"""The cluster's CloudWatch dashboard (``infra/dashboard.py``): one dashboard named after the spec,
+whose body graphs exactly the trainer's seven interval EMF metrics with ``Cluster=<spec name>``
+(one minute, Average for rates, shares and counts, Maximum for the checkpoint age), one widget
+with the data servers serving and their target, one validation widget with exactly
+``ValidationTop1`` and ``EmaValidationTop1`` (the names the trainer's validation EMF line
+carries), the trainer group's in-service instances, a text widget on where the numbers come
+from, and a ``DashboardName`` output. The body is parsed as the JSON CloudWatch receives
+(``Fn::Join`` with the region)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from aws_cdk.assertions import Template
 from infra_support import SPOT_SPEC, BuiltApp, build
 
 from infra.dashboard import ClusterDashboard
-from training.trainer.emf import EVAL_EMF_METRICS
+from training.trainer.emf import EMF_METRICS, EVAL_EMF_METRICS
 
 TRAINER_METRICS = {
     "SamplesPerSecond": "Average",
@@ -29,6 +30,8 @@ TRAINER_METRICS = {
     "CheckpointAge": "Maximum",
     "ValidationTop1": "Average",
     "EmaValidationTop1": "Average",
+    "DataServers": "Average",
+    "DataServersTarget": "Average",
 }
 """The trainer's EMF metric names (``training.trainer.emf``) and the statistic graphed."""
 VALIDATION_METRICS = ["ValidationTop1", "EmaValidationTop1"]
@@ -125,7 +128,7 @@ def test_the_trainer_group_in_service_instances_are_graphed(spot: BuiltApp) -> N
         )
     ]
     assert asg_name == "vit-spot-trainer"  # the trainer group, not dataprep
-    # Nothing else is graphed: the seven trainer metrics and this one.
+    # Nothing else is graphed: the trainer metrics and this one.
     assert len(_graphed(_spot_body(spot))) == len(TRAINER_METRICS) + 1
 
 
@@ -146,6 +149,21 @@ def test_one_widget_graphs_validation_top1_of_the_raw_and_ema_weights(spot: Buil
     assert set(VALIDATION_METRICS) <= sent
 
 
+def test_one_widget_graphs_the_data_servers_serving_and_their_target(spot: BuiltApp) -> None:
+    body = _spot_body(spot)
+    title = "Data servers: serving and target"
+    [widget] = [w for w in body["widgets"] if w.get("properties", {}).get("title") == title]
+    assert widget["properties"]["yAxis"]["left"] == {"min": 0}
+    assert _graphed(body, title) == [
+        ("hetero", name, {"Cluster": "vit-spot"}, "Average", 60)
+        for name in ("DataServers", "DataServersTarget")
+    ]
+    # The names and the record keys the trainer's interval line carries them under.
+    sent = {m.name: m.field for m in EMF_METRICS}
+    assert sent["DataServers"] == "data_servers"
+    assert sent["DataServersTarget"] == "data_servers_target"
+
+
 def test_a_text_widget_says_where_the_metrics_come_from(spot: BuiltApp) -> None:
     texts = [
         w["properties"]["markdown"] for w in _spot_body(spot)["widgets"] if w["type"] == "text"
@@ -158,6 +176,7 @@ def test_a_text_widget_says_where_the_metrics_come_from(spot: BuiltApp) -> None:
         "one per evaluation",
         "`Cluster=vit-spot`",
         "group metrics collection is enabled",
+        "only when a dataprep group is elastic",
     ):
         assert phrase in markdown, phrase
 

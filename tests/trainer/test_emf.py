@@ -102,6 +102,32 @@ def test_what_was_not_measured_is_left_out_not_sent_as_zero() -> None:
     assert json.loads(emf_line(document)) == document
 
 
+def test_the_data_tier_counts_go_out_only_when_the_record_has_them() -> None:
+    # No elastic group: the record has neither key, and the line names neither metric.
+    document = emf_document(RECORD, cluster="vit-prod")
+    assert document is not None
+    assert "DataServers" not in document and "DataServersTarget" not in document
+    # An elastic group: serving now and the controller's count, as Count metrics after the
+    # others; 0 serving is a measurement, sent as 0.
+    elastic = emf_document(
+        {**RECORD, "data_servers": 0, "data_servers_target": 3}, cluster="vit-prod"
+    )
+    assert elastic is not None
+    [directive] = elastic["_aws"]["CloudWatchMetrics"]
+    assert directive["Metrics"][-2:] == [
+        {"Name": "DataServers", "Unit": "Count"},
+        {"Name": "DataServersTarget", "Unit": "Count"},
+    ]
+    assert (elastic["DataServers"], elastic["DataServersTarget"]) == (0.0, 3.0)
+    assert {k: v for k, v in elastic.items() if not k.startswith("DataServers")} | {
+        "_aws": document["_aws"]
+    } == document
+    # Only the target known (no server has answered yet): the other is left out.
+    target_only = emf_document({**RECORD, "data_servers_target": 2}, cluster="vit-prod")
+    assert target_only is not None
+    assert "DataServers" not in target_only and target_only["DataServersTarget"] == 2.0
+
+
 def test_an_interval_with_no_measurable_metric_gives_no_document() -> None:
     record = {**RECORD, "samples_per_s": math.inf, "data_wait_share": math.nan}
     record.update(samples_per_usd=None, gpu_util_pct=None, checkpoint_age_s=None)

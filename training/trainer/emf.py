@@ -65,8 +65,13 @@ EMF_METRICS: Final[tuple[EmfMetric, ...]] = (
     EmfMetric("SamplesPerDollar", "Count", "samples_per_usd"),
     EmfMetric("GPUUtilization", "Percent", "gpu_util_pct"),
     EmfMetric("CheckpointAge", "Seconds", "checkpoint_age_s"),
+    EmfMetric("DataServers", "Count", "data_servers"),
+    EmfMetric("DataServersTarget", "Count", "data_servers_target"),
 )
-"""The metrics every interval line may carry, in this order (the dashboard graphs these)."""
+"""The metrics every interval line may carry, in this order (the dashboard graphs these).
+``DataServers`` (servers serving now) and ``DataServersTarget`` (the data-tier controller's
+count, ``training.dataplane.autoscale``) are in the record only when a dataprep group is
+elastic; without them the line leaves them out."""
 
 CONTEXT_FIELDS: Final[tuple[str, ...]] = ("step", "epoch", "loss", "step_time_s", "mfu")
 """Record fields copied into the line as plain members: searchable in CloudWatch Logs
