@@ -10,7 +10,8 @@ which also asserts each request's exact parameters and that no other call is mad
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -165,3 +166,82 @@ def test_end_writes_the_outcome_after_a_403_read(s3: tuple[Any, Stubber]) -> Non
         Outcome.FINISHED, reason="training finished", by="i-1"
     )
     assert value["outcome"] == "finished"
+
+
+# -- the data-tier controller's decisions --------------------------------------------------------
+
+
+def _decision(time_s: float, step: int, to_count: int, *, acted: bool = True) -> dict[str, Any]:
+    return {
+        "time": time_s,
+        "step": step,
+        "from_count": to_count - 1,
+        "to_count": to_count,
+        "reason": f"wait share high at step {step}",
+        "wait_share": 0.2,
+        "busy_share": None if step == 0 else 0.9,
+        "serving": to_count - 1,
+        "acted": acted,
+    }
+
+
+# Written out of time order, with a time 10x smaller than the others (fewer digits: the name's
+# zero padding must still sort it first) and two decisions in the same millisecond.
+DECISIONS = [
+    _decision(1_700_000_100.25, 200, 4),
+    _decision(170_000_000.5, 0, 2),
+    _decision(1_700_000_000.0, 100, 3, acted=False),
+    _decision(1_700_000_300.0, 300, 5),
+    _decision(1_700_000_300.0001, 301, 6),
+    _decision(1_700_000_400.0, 400, 7),
+]
+IN_TIME_ORDER = sorted(DECISIONS, key=lambda d: (d["time"], d["step"]))
+
+
+def _check_decisions(record: JobRecord, keys: Callable[[], list[str]]) -> None:
+    assert record.decisions() == []
+    for d in DECISIONS:
+        record.add_decision(d)
+    assert sorted(keys()) == sorted(
+        [
+            "job/autoscale/001700000100250-200.json",
+            "job/autoscale/000170000000500-0.json",
+            "job/autoscale/001700000000000-100.json",
+            "job/autoscale/001700000300000-300.json",
+            "job/autoscale/001700000300000-301.json",
+            "job/autoscale/001700000400000-400.json",
+        ]
+    )
+    assert record.decisions() == IN_TIME_ORDER[-5:]  # the newest five, oldest first
+    assert record.decisions(limit=2) == IN_TIME_ORDER[-2:]
+    assert record.decisions(limit=100) == IN_TIME_ORDER
+    assert record.decisions(limit=0) == []
+    # Decisions are neither hosts nor an outcome.
+    assert record.hosts() == {} and record.outcome() is None
+
+
+def test_decisions_in_a_folder(tmp_path: Path) -> None:
+    record = JobRecord(str(tmp_path / "ckpt"))
+
+    def keys() -> list[str]:
+        return [
+            p.relative_to(tmp_path / "ckpt").as_posix()
+            for p in (tmp_path / "ckpt").rglob("*")
+            if p.is_file()
+        ]
+
+    _check_decisions(record, keys)
+    # A stray file in the folder is no decision.
+    (tmp_path / "ckpt" / "job" / "autoscale" / "notes.txt").write_text("x")
+    assert record.decisions(limit=100) == IN_TIME_ORDER
+
+
+def test_decisions_in_s3(aws: Any) -> None:
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    record = JobRecord(URI, s3_client=s3)
+    prefix = "checkpoints/j-20260101T000000Z-abcd/"
+
+    _check_decisions(
+        record, lambda: [k.removeprefix(prefix) for k in aws.list_keys(BUCKET, prefix)]
+    )

@@ -12,6 +12,12 @@ Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
   termination says so here first, so the others re-form the job without it while it is still
   running (EC2 keeps it ``running`` until the termination).
 - ``hosts/<instance-id>.json``: each host's latest state (``hetero status`` shows them).
+- ``autoscale/<milliseconds>-<step>.json``: each decision of the data-tier controller
+  (``training.dataplane.autoscale``, on the trainer's rank 0, for an elastic dataprep group),
+  as its ``Decision.as_dict()``: ``time``, ``step``, ``from_count``, ``to_count``, ``reason``,
+  ``wait_share``, ``busy_share``, ``serving``, ``acted``. The name is the decision's time in
+  milliseconds, zero-padded to ``DECISION_TIME_DIGITS`` digits, so names sort by time
+  (``hetero status`` shows the newest).
 
 Each object has one writer (or, for the outcome, writers that agree), so S3's last-writer-wins
 is enough: no locking.
@@ -33,6 +39,10 @@ from training.outcome import Outcome
 log = logging.getLogger(__name__)
 
 PREFIX = "job/"
+DECISIONS = "autoscale/"
+"""The data-tier controller's decisions, under ``PREFIX``."""
+DECISION_TIME_DIGITS = 15
+"""Zero-padding of a decision's milliseconds: 15 digits last until the year 33658."""
 
 _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
 """Error codes S3 gives a missing key when the caller may list the bucket."""
@@ -229,6 +239,32 @@ class JobRecord:
     def set_host(self, instance_id: str, **state: Any) -> None:
         """This host's latest state (group, address, generation, step, outcome...)."""
         self._put_json(f"hosts/{instance_id}.json", {"instance_id": instance_id, **state})
+
+    # -- data tier ---------------------------------------------------------------------------
+
+    def add_decision(self, decision: Mapping[str, Any]) -> None:
+        """One decision of the data-tier controller (its one writer): ``autoscale/<time in
+        milliseconds, zero-padded>-<step>.json``, the decision as given."""
+        millis = round(float(decision["time"]) * 1000)
+        key = f"{DECISIONS}{millis:0{DECISION_TIME_DIGITS}d}-{int(decision['step'])}.json"
+        self._put_json(key, decision)
+
+    def decisions(self, limit: int = 5) -> list[dict[str, Any]]:
+        """The newest ``limit`` decisions, oldest first (none: an empty list)."""
+        if limit <= 0:
+            return []
+        found: list[tuple[tuple[int, int], str]] = []
+        for key in self._store.list(PREFIX + DECISIONS):
+            name = key[len(PREFIX) :]
+            millis, _, step = name[len(DECISIONS) :].removesuffix(".json").partition("-")
+            if name.endswith(".json") and millis.isdigit() and step.isdigit():
+                found.append(((int(millis), int(step)), name))
+        out = []
+        for _, name in sorted(found)[-limit:]:
+            value = self._get_json(name)
+            if value is not None:
+                out.append(value)
+        return out
 
     def hosts(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
