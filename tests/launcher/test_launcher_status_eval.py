@@ -1,19 +1,24 @@
 """Validation in ``hetero status``: the trainer's ``MetricsLogger`` writes its last validation
 record to ``last_eval.json``; the EC2 launcher's heartbeat (``ec2_job._last_metrics``) puts it
 under ``"eval"`` beside the last interval record into the job record, and ``status.render``
-shows the last top-1 (the EMA's too) and the accuracy targets reached in the host's row."""
+shows the last top-1 (the EMA's too) and the accuracy targets reached in the host's row. Also the
+data tier in ``hetero status``: an elastic group's desired count with its min-max, and the
+controller's last decisions from the job record."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from training.launcher import ec2_job
-from training.launcher.status import JobStatus, render, validation_text
+from training.launcher.jobrecord import JobRecord
+from training.launcher.status import JobStatus, collect, decision_text, render, validation_text
+from training.spec import load_spec
 from training.trainer import metrics
 from training.trainer.metrics import EvalResult, EvalScores, Interval, MetricsLogger, RunFacts
 
@@ -88,3 +93,97 @@ def test_status_shows_it_in_the_host_row(
     render(status)
     [row] = [line for line in capsys.readouterr().out.splitlines() if "i-1" in line]
     assert "step 130, loss 0.5; val top-1 81.2 % at step 120, targets reached 80 %" in row
+
+
+ELASTIC_TOML = """
+name = "vit-grow"
+
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 1
+
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = 2
+min_count = 1
+max_count = 4
+
+[job]
+steps = 10
+"""
+
+
+def _decision(
+    step: int, from_count: int, to_count: int, reason: str, acted: bool
+) -> dict[str, Any]:
+    return {
+        "time": 1_700_000_000.0 + step, "step": step, "from_count": from_count,
+        "to_count": to_count, "reason": reason, "wait_share": 0.2, "busy_share": 0.9,
+        "serving": from_count, "acted": acted,
+    }  # fmt: skip
+
+
+def test_status_shows_an_elastic_group_and_the_data_tiers_last_decisions(
+    aws: object,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An elastic dataprep group (the emulated stack: MinSize 1, MaxSize 4, desired 2), and the
+    controller's decisions from the job record: the newest five, oldest first."""
+    from training.rehearsal.aws import AwsEmulator
+
+    assert isinstance(aws, AwsEmulator)
+    monkeypatch.setenv("COLUMNS", "300")  # one table row on one line
+    path = tmp_path / "cluster.toml"
+    path.write_text(ELASTIC_TOML)
+    spec = load_spec(path)
+    names = aws.provision(spec)
+    s3 = aws.client("s3")
+    record = JobRecord(names.checkpoint_uri, s3_client=s3)
+    decisions = [_decision(10 * i, 2 + i, 3 + i, f"wait share {i}", acted=i != 4) for i in range(6)]
+    for d in decisions:
+        record.add_decision(d)
+    status = collect(
+        spec, checkpoint_uri=names.checkpoint_uri, ec2=aws.client("ec2"),
+        autoscaling=aws.client("autoscaling"), s3=s3,
+    )  # fmt: skip
+    assert status.errors == []
+    assert [
+        (g["group"], g["desired"], g["min"], g["max"], g["elastic"]) for g in status.groups
+    ] == [
+        ("trainer", 1, 1, 1, False),
+        ("dataprep", 2, 1, 4, True),
+    ]
+    assert status.decisions == decisions[-5:]
+    render(status)
+    out = capsys.readouterr().out.splitlines()
+    [row] = [line for line in out if names.asg_names["dataprep"] in line]
+    assert "2 (elastic 1-4)" in row
+    [trainer] = [line for line in out if names.asg_names["trainer"] in line]
+    assert "(elastic" not in trainer
+    start = out.index("data tier, last 5 decision(s):")
+    assert out[start + 1 : start + 6] == [
+        "  step 10: 3 -> 4 (wait share 1), acted",
+        "  step 20: 4 -> 5 (wait share 2), acted",
+        "  step 30: 5 -> 6 (wait share 3), acted",
+        "  step 40: 6 -> 7 (wait share 4), not acted",
+        "  step 50: 7 -> 8 (wait share 5), acted",
+    ]
+
+
+def test_no_data_tier_section_without_an_elastic_group_or_decisions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    group = {"group": "dataprep", "asg": "c-dataprep", "desired": 2, "min": 0, "max": 2}
+    render(JobStatus(cluster="c", groups=[{**group, "in_service": 2, "elastic": False}]))
+    assert "data tier" not in capsys.readouterr().out
+    render(JobStatus(cluster="c", groups=[{**group, "in_service": 2, "elastic": True}]))
+    assert "data tier: no decision yet" in capsys.readouterr().out.splitlines()
+    assert decision_text({"step": 7, "from_count": 2, "to_count": 1, "acted": True}) == (
+        "step 7: 2 -> 1, acted"
+    )

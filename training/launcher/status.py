@@ -4,6 +4,7 @@ The current job (the SSM job pointer ``/hetero/<cluster>/job``, when the stack c
 id and checkpoint URI, which is where the job record is), groups (desired, minimum, maximum and
 in-service counts), instances by group, market and AZ, the job's outcome, each host's last
 reported state and metrics (with its last validation top-1 and the accuracy targets reached),
+the data-tier controller's last decisions (an elastic dataprep group: ``JobRecord.decisions``)
 and the newest complete checkpoint. Read-only: it calls only
 Describe/List/Get APIs. Credentials, region and endpoint come from the usual places
 (``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``...).
@@ -47,6 +48,9 @@ class JobStatus:
     """The finished job's ``model/`` (``model.safetensors`` + ``config.json``), once written."""
     budget: str | None = None
     """Spend so far against ``job.max_usd`` / ``job.max_hours`` (``budget.Budget.describe``)."""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    """The data-tier controller's newest decisions, oldest first (``JobRecord.decisions``):
+    ``time``, ``step``, ``from_count``, ``to_count``, ``reason``, ``acted``..."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -90,6 +94,7 @@ def collect(
                     "desired": asg["DesiredCapacity"] if asg else None,
                     "min": asg["MinSize"] if asg else None,
                     "max": asg["MaxSize"] if asg else None,
+                    "elastic": g.elastic,
                     "in_service": sum(
                         1 for i in (asg or {}).get("Instances", [])
                         if i.get("LifecycleState") == "InService"
@@ -122,6 +127,10 @@ def collect(
             status.budget = budget_line(spec, status, record)
         except Exception as e:
             status.errors.append(f"job record in {checkpoint_uri}: {e}")
+        try:
+            status.decisions = JobRecord(checkpoint_uri, s3_client=s3).decisions()
+        except Exception as e:
+            status.errors.append(f"data-tier decisions in {checkpoint_uri}: {e}")
         if checkpoint_uri.startswith("s3://"):
             try:
                 from training.trainer.checkpoint_s3 import S3CheckpointStore
@@ -185,10 +194,18 @@ def render(status: JobStatus) -> None:
         console.print(f"spend {status.budget}", markup=False)
     groups = Table("group", "Auto Scaling group", "desired", "min", "max", "in service")
     for g in status.groups:
-        groups.add_row(
-            *(str(g[k]) for k in ("group", "asg", "desired", "min", "max", "in_service"))
-        )
+        cells = {k: str(g[k]) for k in ("group", "asg", "desired", "min", "max", "in_service")}
+        if g.get("elastic"):  # the data-tier controller moves desired between min and max
+            cells["desired"] += f" (elastic {g['min']}-{g['max']})"
+        groups.add_row(*cells.values())
     console.print(groups)
+    if status.decisions or any(g.get("elastic") for g in status.groups):
+        if status.decisions:
+            console.print(f"data tier, last {len(status.decisions)} decision(s):")
+            for d in status.decisions:
+                console.print(f"  {decision_text(d)}", markup=False, highlight=False)
+        else:
+            console.print("data tier: no decision yet")
     instances = Table(
         "group", "instance", "type", "market", "AZ", "address", "state", "last metrics"
     )
@@ -212,6 +229,17 @@ def render(status: JobStatus) -> None:
     console.print(f"model (model.safetensors + config.json): {status.model or 'not yet'}")
     for e in status.errors:
         console.print(f"[red]could not read[/] {e}")
+
+
+def decision_text(decision: dict[str, Any]) -> str:
+    """One decision of the data-tier controller in words, e.g. ``step 200: 3 -> 4 (servers
+    busy), acted``."""
+    d = decision
+    return (
+        f"step {d.get('step')}: {d.get('from_count')} -> {d.get('to_count')}"
+        + (f" ({d['reason']})" if d.get("reason") else "")
+        + (", acted" if d.get("acted") else ", not acted")
+    )
 
 
 def _share(value: Any) -> str | None:
