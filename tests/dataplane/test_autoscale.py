@@ -75,8 +75,11 @@ def test_grows_by_what_the_wait_says_then_waits_for_the_servers_and_the_cooldown
 def test_one_slow_interval_does_not_decide() -> None:
     feed = Feed(DataTierController(POLICY, count=2))
     assert feed.run(2, wait=0.01, busy=0.9) == []
-    assert feed.run(1, wait=0.12, busy=0.9) == []  # mean 4.7% < 5%
+    assert feed.run(1, wait=0.6, busy=0.9) == []  # the median is 1%
     assert feed.run(1, wait=0.01, busy=0.9) == []
+    # Nor does one idle interval (the first batches of an epoch) make it shrink.
+    assert feed.run(1, wait=0.0, busy=0.05) == []
+    assert feed.run(3, wait=0.0, busy=0.9) == []
 
 
 def test_waiting_while_the_servers_idle_is_reported_once_and_changes_nothing() -> None:
@@ -99,14 +102,29 @@ def test_never_beyond_max_count_and_says_so() -> None:
 
 def test_shrinks_to_what_keeps_the_servers_left_under_max_busy_never_below_min() -> None:
     feed = Feed(DataTierController(POLICY, count=5))
-    # ceil(5 x 0.3 / 0.75) = 2 servers would be busy 75%.
-    assert feed.run(3, wait=0.0, busy=0.3) == [(5, 2, True)]
+    # ceil(5 x 0.3 / 0.75) = 2 servers would be busy 75%: the window fills (3 looks), then
+    # three looks in a row must want it.
+    assert feed.run(4, wait=0.0, busy=0.3) == []
+    assert feed.run(1, wait=0.0, busy=0.3) == [(5, 2, True)]
     feed.run(1, wait=0.0, busy=0.3)  # settled
-    feed.run(3, wait=0.0, busy=0.3)  # cooldown
-    assert feed.run(3, wait=0.0, busy=0.1) == [(2, 1, True)]
+    feed.run(2, wait=0.0, busy=0.3)  # cooldown
+    assert feed.run(4, wait=0.0, busy=0.1) == []
+    assert feed.run(1, wait=0.0, busy=0.1) == [(2, 1, True)]
     feed.run(1, wait=0.0, busy=0.1)
-    feed.run(3, wait=0.0, busy=0.1)
+    feed.run(2, wait=0.0, busy=0.1)
     assert feed.run(9, wait=0.0, busy=0.01) == []  # at min_count
+
+
+def test_a_drop_in_demand_shrinks_once_to_where_it_settles() -> None:
+    """The trainer slows down: the looks in the middle of the change want a little fewer, the
+    ones after it far fewer; the controller goes down once, when three looks in a row want
+    fewer, to what the last wants."""
+    feed = Feed(DataTierController(POLICY, count=4))
+    assert feed.run(3, wait=0.0, busy=0.9) == []  # wants 5 (ceil(4 x 0.9 / 0.75)): no fewer
+    assert feed.run(1, wait=0.0, busy=0.5) == []  # median 0.9
+    assert feed.run(1, wait=0.0, busy=0.1) == []  # median 0.5: wants 3
+    assert feed.run(1, wait=0.0, busy=0.1) == []  # median 0.1: wants 1; two looks want fewer
+    assert feed.run(1, wait=0.0, busy=0.1) == [(4, 1, True)]  # three: to what the last wants
 
 
 def test_hysteresis_no_shrink_after_a_growth_that_just_fits() -> None:

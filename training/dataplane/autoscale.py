@@ -4,7 +4,8 @@ Inputs, every metric interval (``job.log_every`` steps): the trainer's data-wait
 over its ranks) and each serving data server's busy share (``ServerInfo.busy_s`` over
 ``uptime_s``, differenced between two looks: the share of its capacity it used meanwhile).
 
-The rule (``DataTierController.observe``), over the mean of the last ``window`` intervals:
+The rule (``DataTierController.observe``), over the medians of the last ``window`` intervals
+(so one odd interval, such as the first batches of an epoch, decides nothing):
 
 - **Grow** when the trainer waits for data more than the target share and the servers are busy
   (at least ``max_busy``): they are the bottleneck, so more of them help. A trainer that waits a
@@ -13,7 +14,9 @@ The rule (``DataTierController.observe``), over the mean of the last ``window`` 
   idle is not theirs to fix (a slow network, a slow client): no change, and the decision log
   says why.
 - **Shrink** when the trainer waits less than half the target and the servers left would still
-  be busy at most ``max_busy`` of their time: to ``max(min_count, ceil(n * busy / max_busy))``.
+  be busy at most ``max_busy`` of their time: to ``max(min_count, ceil(n * busy / max_busy))``,
+  once ``window`` looks in a row want fewer (slower down than up: when the demand drops, the
+  looks in the middle of the drop do not set the count).
 - **Hold** otherwise. The gap between the two rules is the hysteresis: after a growth the busy
   share is high, so shrinking does not follow. After any change the controller waits for every
   server of the new count to serve and then ``cooldown_s`` before it decides again, and it
@@ -33,6 +36,7 @@ import logging
 import math
 import os
 import queue
+import statistics
 import threading
 import time
 from collections import deque
@@ -128,6 +132,8 @@ class DataTierController:
     count: int
     """The count asked for last (the backend's at start)."""
     _window: deque[Observation] = field(default_factory=deque)
+    _shrinks: deque[int] = field(default_factory=deque)
+    """The count each of the last ``window`` looks would shrink to (``count``: no fewer)."""
     _changed_at: float | None = None
     _settled_at: float | None = None
     _last_refusal: str | None = None
@@ -135,6 +141,7 @@ class DataTierController:
     def __post_init__(self) -> None:
         self.count = min(max(self.count, self.policy.min_count), self.policy.max_count)
         self._window = deque(maxlen=self.policy.window)
+        self._shrinks = deque(maxlen=self.policy.window)
 
     def observe(self, obs: Observation) -> Decision | None:
         """Take one interval; a ``Decision`` when the count should change (or a growth is
@@ -154,18 +161,22 @@ class DataTierController:
                     )  # fmt: skip
                 self._settled_at = obs.time
                 self._window.clear()
+                self._shrinks.clear()
                 return None
             if obs.time - self._settled_at < p.cooldown_s:
                 self._window.clear()
+                self._shrinks.clear()
                 return None
         self._window.append(obs)
         if len(self._window) < p.window:
             return None
-        wait = sum(o.wait_share for o in self._window) / len(self._window)
+        # Medians: one odd interval (an epoch's first batches, a slow range) decides nothing.
+        wait = statistics.median(o.wait_share for o in self._window)
         known = [o.busy_share for o in self._window if o.busy_share is not None]
-        busy = sum(known) / len(known) if known else None
+        busy = statistics.median(known) if known else None
         n = self.count
         if wait > p.target_wait:
+            self._shrinks.append(n)  # a look that wants no fewer
             if n >= p.max_count:
                 return self._refusal(obs, wait, busy, f"at max_count {p.max_count}")
             if busy is None or busy < p.max_busy:
@@ -179,15 +190,20 @@ class DataTierController:
                 f"data-wait {wait:.1%} over the target {p.target_wait:.1%} with the servers "
                 f"busy {busy:.0%}",
             )  # fmt: skip
+        self._last_refusal = None
+        target = n
         if wait < p.target_wait / 2 and n > p.min_count and busy is not None:
             target = max(p.min_count, math.ceil(n * busy / p.max_busy))
-            if target < n:
-                return self._change(
-                    obs, target, wait, busy,
-                    f"data-wait {wait:.1%} under half the target {p.target_wait:.1%}; {target} "
-                    f"server(s) would be busy {n * busy / target:.0%} (at most {p.max_busy:.0%})",
-                )  # fmt: skip
-        self._last_refusal = None
+        self._shrinks.append(target)
+        # Down only after ``window`` looks in a row want fewer, and then to what the last one
+        # wants: a look in the middle of a change of demand does not set the count.
+        if len(self._shrinks) == p.window and max(self._shrinks) < n:
+            assert busy is not None
+            return self._change(
+                obs, target, wait, busy,
+                f"data-wait {wait:.1%} under half the target {p.target_wait:.1%}; {target} "
+                f"server(s) would be busy {n * busy / target:.0%} (at most {p.max_busy:.0%})",
+            )  # fmt: skip
         return None
 
     def revert(self, count: int, now: float) -> None:
@@ -206,6 +222,7 @@ class DataTierController:
         self.count = target
         self._changed_at, self._settled_at = obs.time, None
         self._window.clear()
+        self._shrinks.clear()
         self._last_refusal = None
         return decision
 
@@ -325,6 +342,20 @@ class AsgActuator:
         return f"Auto Scaling group {self.asg_name}"
 
 
+def backend_arg(spec: ClusterSpec, backend: str, cluster: str) -> str:
+    """The trainer's ``--autoscale`` on a launcher ``backend`` (``ec2``, ``sagemaker``,
+    ``local``): the elastic group's Auto Scaling group on EC2, ``report`` on SageMaker, none
+    otherwise (``hetero local`` names its own file) or without an elastic group."""
+    policy = policy_for(spec)
+    if policy is None:
+        return ""
+    if backend == "ec2":
+        from training.aws_tags import asg_name
+
+        return f"asg:{asg_name(cluster, policy.group)}"
+    return "report" if backend == "sagemaker" else ""
+
+
 def actuator_from_arg(value: str, start: int) -> Actuator:
     """``--autoscale`` of the trainer: ``file:PATH``, ``asg:NAME`` or ``report``."""
     kind, _, arg = value.partition(":")
@@ -370,6 +401,8 @@ class Autoscaler:
         self._previous: dict[str, tuple[float, float]] = {}
         self._queue: queue.Queue[tuple[int, float] | None] = queue.Queue(maxsize=64)
         self.decisions: list[Decision] = []
+        self.serving = 0
+        """Servers serving at the last look."""
         self._thread = threading.Thread(target=self._run, name="autoscale", daemon=True)
         self._thread.start()
         log.info(
@@ -420,6 +453,7 @@ class Autoscaler:
 
     def _step(self, step: int, wait: float) -> None:
         serving, busy = self.busy()
+        self.serving = serving
         obs = Observation(self._clock(), step, wait, serving, busy)
         decision = self.controller.observe(obs)
         if decision is None:

@@ -25,6 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from training.aws_tags import ENV_JOB_PARAMETER
+from training.dataplane.autoscale import backend_arg
 from training.launcher import early_exit, ec2_job, efa, job_end, jobparam, peers, roles
 from training.launcher.group import (
     SAGEMAKER_RESOURCECONFIG,
@@ -294,6 +295,7 @@ def make_plan(
             rendezvous_port=rendezvous_port,
             rendezvous_timeout_s=rendezvous_timeout_s,
             outcome_dir=outcome_dir,
+            autoscale=backend_arg(spec, backend.value, identity.cluster or spec.name),
             env=env,
         )
         if checkpoint_s3_uri is not None:

@@ -23,7 +23,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from training.dataplane.autoscale import policy_for
 from training.launcher import roles
+from training.launcher.local_tier import LocalDataTier
 from training.launcher.peers import LOOPBACK
 from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
 from training.outcome import clear_outcomes, read_host_outcome
@@ -179,20 +181,31 @@ def run_local(
     servers: list[tuple[str, Child]] = []
     with Supervisor(grace_s=grace_s, subreaper=True) as sup:
         sup.install_signal_handlers()
+        starter = ServerStarter(spec, spec_path, logs, sup)
+        tier: LocalDataTier | None = None
         try:
-            servers = _start_data_servers(spec, spec_path, logs, sup, server_start_timeout_s)
+            servers = _start_data_servers(
+                spec, spec_path, logs, sup, server_start_timeout_s, starter
+            )
         except LocalRunError as e:
             log.error("%s", e)
             _print_server_logs(logs)
         else:
+            policy = policy_for(spec)
+            if policy is not None and sup.stop_signal is None:
+                tier = _elastic_tier(spec, run_dir, servers, starter, policy.group)
             if sup.stop_signal is None:
                 summary.trainer_exit_code = _run_trainer(
-                    spec, spec_path, run_dir, servers, nproc, sup
+                    spec, spec_path, run_dir, servers, nproc, sup, tier
                 )
+            if tier is not None:
+                tier.finish()
+                servers = tier.started
             if summary.trainer_exit_code is not None and sup.stop_signal is None:
                 # The trainer's rank 0 sends Shutdown to every server; they should exit now.
+                stopped = tier.stopped if tier is not None else set()
                 summary.servers_stopped_by_trainer = sup.wait_all(server_exit_timeout_s) and all(
-                    c.returncode == 0 for _, c in servers
+                    c.returncode == 0 for a, c in servers if a not in stopped
                 )
                 if servers and not summary.servers_stopped_by_trainer:
                     log.warning("data servers did not all stop after training; stopping them")
@@ -203,7 +216,12 @@ def run_local(
             summary.exit_code = exit_code_for_signal(sup.stop_signal)
         elif summary.trainer_exit_code is not None:
             summary.exit_code = summary.trainer_exit_code
-            failed = {a: c for a, c in summary.data_servers.items() if c not in (0, None)}
+            stopped = tier.stopped if tier is not None else set()
+            failed = {
+                a: c
+                for a, c in summary.data_servers.items()
+                if c not in (0, None) and a not in stopped
+            }
             if summary.exit_code == 0 and failed and not summary.servers_stopped_by_trainer:
                 log.error("data servers failed: %s (logs in %s)", failed, logs)
                 summary.exit_code = 1
@@ -213,8 +231,35 @@ def run_local(
     return summary
 
 
+class ServerStarter:
+    """Starts data server ``i`` on the next free loopback port from the spec's, logging to
+    ``logs/data-server-<i>.log``; returns ``(address, child)``."""
+
+    def __init__(
+        self, spec: ClusterSpec, spec_path: str | Path, logs: Path, sup: Supervisor
+    ) -> None:
+        self.spec_path, self.logs, self.sup = spec_path, logs, sup
+        self.taken: set[int] = set()
+        self.next_port = spec.job.dataplane.port
+
+    def __call__(self, i: int) -> tuple[str, Child]:
+        port = free_port(self.next_port, self.taken)
+        self.taken.add(port)
+        self.next_port = port + 1
+        cmd = roles.data_server_command(spec_path=self.spec_path, port=port, host=LOOPBACK)
+        with (self.logs / f"data-server-{i}.log").open("ab") as out:
+            # The child gets its own copy of the descriptor.
+            child = self.sup.start(f"data-server-{i}", cmd.argv, stdout=out, stderr=out)
+        return f"{LOOPBACK}:{port}", child
+
+
 def _start_data_servers(
-    spec: ClusterSpec, spec_path: str | Path, logs: Path, sup: Supervisor, timeout_s: float
+    spec: ClusterSpec,
+    spec_path: str | Path,
+    logs: Path,
+    sup: Supervisor,
+    timeout_s: float,
+    start: ServerStarter,
 ) -> list[tuple[str, Child]]:
     """Start every data server at once (start-up is mostly imports: overlapping them saves
     that time per server), then wait for each to be healthy; a server that exits before it
@@ -223,20 +268,6 @@ def _start_data_servers(
     if count == 0:
         log.info("no dataprep groups: the trainer uses its local DataLoader")
         return []
-    taken: set[int] = set()
-    next_port = spec.job.dataplane.port
-
-    def start(i: int) -> tuple[str, Child]:
-        nonlocal next_port
-        port = free_port(next_port, taken)
-        taken.add(port)
-        next_port = port + 1
-        cmd = roles.data_server_command(spec_path=spec_path, port=port, host=LOOPBACK)
-        with (logs / f"data-server-{i}.log").open("ab") as out:
-            # The child gets its own copy of the descriptor.
-            child = sup.start(f"data-server-{i}", cmd.argv, stdout=out, stderr=out)
-        return f"{LOOPBACK}:{port}", child
-
     pending = [start(i) for i in range(count)]
     servers: list[tuple[str, Child]] = []
     for i, (address, child) in enumerate(pending):
@@ -265,6 +296,27 @@ def _start_data_servers(
     return servers
 
 
+def _elastic_tier(
+    spec: ClusterSpec,
+    run_dir: Path,
+    servers: list[tuple[str, Child]],
+    starter: ServerStarter,
+    group: str,
+) -> LocalDataTier:
+    """The elastic group's servers: the last ``count x ranks_per_instance`` of those started
+    (every server runs the same spec, so which ones is a matter of counting)."""
+    elastic = next(g for g in spec.dataprep_groups if g.name == group)
+    n = elastic.count * elastic.ranks_per_instance
+    return LocalDataTier(
+        run_dir,
+        fixed=servers[: len(servers) - n],
+        elastic=servers[len(servers) - n :],
+        start=starter,
+        per_instance=elastic.ranks_per_instance,
+        refresh_s=spec.job.dataplane.refresh_s,
+    )
+
+
 def _run_trainer(
     spec: ClusterSpec,
     spec_path: str | Path,
@@ -272,6 +324,7 @@ def _run_trainer(
     servers: Sequence[tuple[str, Child]],
     nproc: int | None,
     sup: Supervisor,
+    tier: LocalDataTier | None = None,
 ) -> int | None:
     n = nproc if nproc is not None else default_nproc(spec)
     cmd = roles.trainer_command(
@@ -280,8 +333,11 @@ def _run_trainer(
         run_dir=run_dir,
         trainer_hosts=(LOOPBACK,),
         node_rank=0,
-        data_servers=[addr for addr, _ in servers],
+        data_servers=(
+            [f"file:{tier.servers_file.resolve()}"] if tier else [addr for addr, _ in servers]
+        ),
         nproc_per_node=n,
+        autoscale=f"file:{tier.desired_file.resolve()}" if tier else "",
     )
     log.info("trainer: %d process(es), %d data server(s); output in %s", n, len(servers), run_dir)
     env = {**os.environ, **cmd.env}
@@ -298,6 +354,9 @@ def _run_trainer(
     # The trainer writes to this console directly: its progress is the run's progress.
     trainer = sup.start("trainer", argv, env=env, stop_workers=True)
     # On Ctrl-C the trainer gets SIGTERM (checkpoint, exit) and the grace period to do it.
+    if tier is not None:
+        while sup.stop_signal is None and sup.wait(trainer, timeout_s=0.5) is None:
+            tier.reconcile()
     code = sup.wait(trainer)
     if code is None or code == 0:
         return code

@@ -41,6 +41,7 @@ def trainer_command(
     rendezvous_port: int = RENDEZVOUS_PORT,
     rendezvous_timeout_s: int | None = None,
     outcome_dir: str | Path | None = None,
+    autoscale: str = "",
     env: Mapping[str, str] | None = None,
     python: str = sys.executable,
 ) -> RoleCommand:
@@ -50,7 +51,8 @@ def trainer_command(
     (torchrun picks a free local port). ``checkpoint_dir`` overrides the spec's folder.
     ``rendezvous_timeout_s`` bounds how long hosts wait for each other to join (torchrun's
     static rendezvous waits 600 s by default); ``outcome_dir`` receives each rank's outcome
-    file (``training.outcome``)."""
+    file (``training.outcome``); ``autoscale`` is the data-tier controller's backend
+    (``training.dataplane.autoscale.actuator_from_arg``; empty: none)."""
     nnodes = len(trainer_hosts)
     if nnodes == 0:
         raise ValueError("no trainer hosts: the trainer group has no instances")
@@ -83,6 +85,8 @@ def trainer_command(
         argv += ["--checkpoint-dir", str(checkpoint_dir)]
     if outcome_dir is not None:
         argv += ["--outcome-dir", str(outcome_dir)]
+    if autoscale:
+        argv += ["--autoscale", autoscale]
     return RoleCommand(tuple(argv), dict(env or {}))
 
 

@@ -58,6 +58,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "sagemaker[:PATH] (resourceconfig.json) or loopback (default: local DataLoader)",
     )
     p.add_argument(
+        "--autoscale",
+        default="",
+        help="where rank 0's data-tier controller acts, for an elastic dataprep group: "
+        "file:PATH (hetero local's server count), asg:NAME (the dataprep Auto Scaling group) or "
+        "report (log only: SageMaker); default: no controller",
+    )
+    p.add_argument(
         "--steps",
         type=int,
         help="stop after N optimizer steps (overrides job.steps/epochs; the learning-rate "
@@ -129,6 +136,7 @@ def _main(argv: Sequence[str] | None) -> int:
             checkpoint_s3_uri=args.checkpoint_s3_uri,
             synthetic=args.synthetic_data,
             emf=args.emf,
+            autoscale=args.autoscale,
         )
     except (SpecError, ConfigError) as e:
         print(e, file=sys.stderr)

@@ -31,6 +31,10 @@ save before the run counts as failed (default 60)."""
 ENV_SAMPLE_LOG_DIR = "HETERO_SAMPLE_LOG_DIR"
 """When set, each rank appends the sample ids of every applied step to
 ``<dir>/rank-<RANK>.jsonl`` (``training.trainer.sample_log``)."""
+ENV_MIN_STEP_S = "HETERO_MIN_STEP_S"
+"""A pace for the trainer (tests and rehearsals: a stand-in for a slower or faster GPU): each
+optimizer step takes at least this long, data waits aside. ``S`` or ``S,STEP:S2[,...]`` (from
+that step on, S2)."""
 
 
 class ConfigError(ValueError):
@@ -116,6 +120,9 @@ class InputConfig:
     data_servers: str = ""
     """Where the data servers are (``dataplane`` only): ``host:port,...``, ``file:PATH``,
     ``ec2[:CLUSTER]``, ``sagemaker[:PATH]`` or ``loopback`` (``training.dataplane.discovery``)."""
+    autoscale: str = ""
+    """Where the data-tier controller acts (``dataplane`` with an elastic dataprep group):
+    ``file:PATH``, ``asg:NAME`` or ``report`` (``training.dataplane.autoscale``); empty: none."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,17 @@ class TrainerConfig:
     line on stdout, with this ``Cluster`` dimension (``training.trainer.emf``): on by default
     where ``HETERO_CLUSTER`` is set (the stack's user data sets it), or with ``--emf``; None
     (local runs, ``--no-emf``): no such lines."""
+    min_step_s: tuple[tuple[int, float], ...] = ()
+    """``(from step, seconds)``: the least time an optimizer step takes, data waits aside
+    (``HETERO_MIN_STEP_S``; empty: no pace)."""
+
+    def pace_at(self, step: int) -> float:
+        """The least seconds step ``step`` (1-based) takes."""
+        seconds = 0.0
+        for start, value in self.min_step_s:
+            if step >= start:
+                seconds = value
+        return seconds
 
     @classmethod
     def from_spec(
@@ -166,6 +184,7 @@ class TrainerConfig:
         synthetic: bool = False,
         emf: bool | None = None,
         environ: Mapping[str, str] | None = None,
+        autoscale: str = "",
     ) -> TrainerConfig:
         """Build and validate the trainer's view of ``spec``; flags win over spec fields.
         ``environ`` (default: this process's environment) gives the ``HETERO_*`` settings.
@@ -194,6 +213,11 @@ class TrainerConfig:
         )
         final_retry = seconds(ENV_FINAL_SAVE_RETRY, CheckpointConfig.final_save_retry_s)
         sample_log = env.get(ENV_SAMPLE_LOG_DIR, "").strip()
+        try:
+            pace = parse_pace(env.get(ENV_MIN_STEP_S, ""))
+        except ValueError as e:
+            problems.append(f"{ENV_MIN_STEP_S}: {e}")
+            pace = ()
         cluster_env = env.get(ENV_CLUSTER, "").strip()
         # EMF lines only where CloudWatch Logs reads stdout (the stack sets HETERO_CLUSTER) or
         # where asked for; a local run's console stays free of them.
@@ -274,7 +298,7 @@ class TrainerConfig:
                 async_save=job.checkpoint.async_save,
                 final_save_retry_s=final_retry,
             ),
-            input=InputConfig(kind=kind, data_servers=servers),
+            input=InputConfig(kind=kind, data_servers=servers, autoscale=autoscale),
             batch_size=job.batch_size,
             grad_accum_steps=job.grad_accum_steps,
             total_steps=total,
@@ -287,4 +311,29 @@ class TrainerConfig:
             timeouts=timeouts,
             sample_log_dir=Path(sample_log) if sample_log else None,
             emf_cluster=emf_cluster,
+            min_step_s=pace,
         )
+
+
+def parse_pace(raw: str) -> tuple[tuple[int, float], ...]:
+    """``HETERO_MIN_STEP_S``: ``S`` or ``S,STEP:S2,...`` -> ``((1, S), (STEP, S2), ...)``."""
+    raw = raw.strip()
+    if not raw:
+        return ()
+    pace: list[tuple[int, float]] = []
+    for i, part in enumerate(raw.split(",")):
+        step_text, _, seconds_text = part.strip().rpartition(":")
+        try:
+            step = int(step_text) if step_text else 1
+            seconds = float(seconds_text)
+        except ValueError:
+            step, seconds = -1, math.nan
+        if (i == 0) != (not step_text) or not math.isfinite(seconds) or seconds < 0 or step < 1:
+            raise ValueError(
+                f"{raw!r} is not S or S,STEP:S2,... (seconds >= 0, steps rising from 2), "
+                "e.g. 0.1,300:0.4"
+            )
+        if pace and step <= pace[-1][0]:
+            raise ValueError(f"{raw!r}: steps must rise, {step} follows {pace[-1][0]}")
+        pace.append((step, seconds))
+    return tuple(pace)

@@ -201,9 +201,12 @@ class MetricsLogger:
         data_wait_share: float,
         epoch: int,
         checkpoint_age_s: float | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record one interval (``loss`` and ``data_wait_share`` already averaged over ranks;
-        ``checkpoint_age_s``: seconds since the newest durable checkpoint, None if none)."""
+        ``checkpoint_age_s``: seconds since the newest durable checkpoint, None if none;
+        ``extra``: more fields, e.g. the data tier's ``data_servers`` and
+        ``data_servers_target``)."""
         elapsed = max(time.perf_counter() - interval.started, 1e-9)
         steps = max(interval.steps, 1)
         samples_per_s = self.facts.global_batch * steps / elapsed
@@ -225,6 +228,7 @@ class MetricsLogger:
             "checkpoint_stall_s": interval.checkpoint_s,
             "checkpoint_age_s": checkpoint_age_s,
         }
+        record.update(extra or {})
         if self._device.type == "cuda":
             record["gpu_mem_peak_gib"] = torch.cuda.max_memory_allocated(self._device) / 2**30
         self.records.append(record)

@@ -37,6 +37,7 @@ from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import InputKind, TrainerConfig
+from training.trainer.data_tier import build_autoscaler
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
 from training.trainer.export import ExportError, export_trained
@@ -147,6 +148,7 @@ class Trainer:
         job = config.spec.job
         self.optimizer = build_optimizer(self.model, job)
         self.stream = stream or build_stream(config, rank=self.rank, world_size=self.world_size)
+        self.autoscaler = build_autoscaler(config, self.stream, self.rank)
         self.schedule = LearningRate(self.optimizer, job, self._planned_steps())
         self.recipe = BatchRecipe(job, num_classes=config.model.num_classes, device=self.device)
         self.ema = build_ema(self.model, job, self.device)
@@ -310,6 +312,7 @@ class Trainer:
         stopped_by = "steps"
         lr = self.lr_at(self.step + 1)
         while c.total_steps is None or self.step < c.total_steps:
+            step_started, waited_before = time.perf_counter(), interval.data_wait_s
             lr = self.lr_at(self.step + 1)
             LearningRate.apply(self.optimizer, lr)
             data_state = self.stream.state_dict()  # the position before this step's batches
@@ -363,6 +366,10 @@ class Trainer:
             if self.step == start_step:
                 self.state_bytes = local_state_bytes(self.model, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
+            pace = c.pace_at(self.step + 1)
+            if pace:  # a test's stand-in for a slower device: compute takes at least this
+                busy = time.perf_counter() - step_started - (interval.data_wait_s - waited_before)
+                time.sleep(max(0.0, pace - busy))
             loss_sum += step_loss
             self.step += 1
             interval.steps += 1
@@ -518,15 +525,25 @@ class Trainer:
         loss, wait_share = (float(v) for v in t.tolist())
         if not math.isfinite(loss):
             log.warning("step %d: loss is %s", self.step, loss)
+        extra = None
+        if self.autoscaler is not None:
+            self.autoscaler.observe(self.step, wait_share)
+            extra = {
+                "data_servers": self.autoscaler.serving,
+                "data_servers_target": self.autoscaler.count,
+            }
         self.metrics.log(
             self.step, interval, loss=loss, lr=lr, data_wait_share=wait_share,
             epoch=self.stream.epoch, checkpoint_age_s=self.policy.checkpoint_age_s(),
+            extra=extra,
         )  # fmt: skip
 
     def close(self) -> None:
         """Leave the process group (if this trainer created it), restore signal handlers, close
         the sample log and stop the checkpoint upload thread."""
         self.stop.restore()
+        if self.autoscaler is not None:
+            self.autoscaler.close()
         if self.validation is not None:
             self.validation.close()
         if self.samples is not None:
