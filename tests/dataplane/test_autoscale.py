@@ -301,3 +301,23 @@ def test_the_backend_argument() -> None:
     assert isinstance(r, ReportOnly) and r.current() == 3
     with pytest.raises(ValueError, match="use file:PATH, asg:NAME or report"):
         actuator_from_arg("asg:", 1)
+
+
+def test_each_launcher_backend_names_its_actuator() -> None:
+    from training.dataplane.autoscale import backend_arg
+    from training.launcher.roles import trainer_command
+
+    elastic = parse_spec(_spec("min_count = 1\nmax_count = 5", ""))
+    assert backend_arg(elastic, "ec2", "my-cluster") == "asg:my-cluster-dataprep"
+    assert backend_arg(elastic, "sagemaker", "my-cluster") == "report"
+    assert backend_arg(elastic, "local", "my-cluster") == ""  # hetero local names its file
+    assert backend_arg(parse_spec(_spec("", "")), "ec2", "my-cluster") == ""  # a fixed count
+    cmd = trainer_command(
+        elastic, spec_path="s.toml", run_dir="r", trainer_hosts=("127.0.0.1",), node_rank=0,
+        autoscale="asg:my-cluster-dataprep",
+    )  # fmt: skip
+    assert cmd.argv[-2:] == ("--autoscale", "asg:my-cluster-dataprep")
+    plain = trainer_command(
+        elastic, spec_path="s.toml", run_dir="r", trainer_hosts=("127.0.0.1",), node_rank=0
+    )
+    assert "--autoscale" not in plain.argv
