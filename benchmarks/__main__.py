@@ -40,6 +40,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.shard_read_clients",
         "prepared-dataset shards from moto S3 into files: boto3 vs s3torchconnector (optional)",
     ),
+    "autoscale": (
+        "benchmarks.autoscale",
+        "elastic data tier vs fixed counts, throttled servers and a paced trainer (hetero local)",
+    ),
     "planner": (
         "benchmarks.planner",
         "hetero plan's predicted samples/s vs real runs, 4 configurations (target within 15%)",
