@@ -9,6 +9,7 @@ every sample is applied exactly once per epoch."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -20,18 +21,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "specs" / "rehearsal.toml"
+ELASTIC_SPEC = REPO / "specs" / "rehearsal-elastic.toml"
 TIMEOUT_S = 420
 STEPS = 24
 INTERVAL = 4  # specs/rehearsal.toml: job.checkpoint.interval_steps
 
 
-def rehearse(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def rehearse(
+    out: Path, *args: str, spec: Path = SPEC, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = subprocess.run(
         [
-            sys.executable, "-m", "training.cli", "rehearse", "--spec", str(SPEC),
+            sys.executable, "-m", "training.cli", "rehearse", "--spec", str(spec),
             "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
         ],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
+        env=None if env is None else {**os.environ, **env},
     )  # fmt: skip
     report = json.loads((out / "rehearsal.json").read_text())
     return proc, report
@@ -263,3 +268,132 @@ def test_every_trainer_instance_failing_before_its_loop_ends_the_job_past_the_bu
     assert 4 <= int(m[1]) <= len(counted) <= len(trainers), (reason, counted)
     assert set(counted) <= {f["instance"] for f in trainers}
     assert report["final_step"] == 0  # no trainer ever trained
+
+
+# The elastic rehearsal (specs/rehearsal-elastic.toml): every data server throttled to RATE
+# images/s, the trainer paced at PACE (seconds per step; from step SLOW on, the slower pace).
+RATE = 28
+SLOW = 16
+PACE = f"0.8,{SLOW}:4.0"
+NOTICE_S = 30
+
+
+@pytest.mark.timeout(TIMEOUT_S + 200)
+def test_the_data_tier_sizes_itself_and_a_spot_loss_in_a_scale_in_counts_once(
+    baseline: Path, tmp_path: Path
+) -> None:
+    """Issue "the data tier sizes itself", on the real launcher and emulated EC2: the dataprep
+    group is elastic (1 to 2 instances, starting at 1); the trainer's rank 0 runs the controller,
+    which sets the group's desired capacity (SetDesiredCapacity on moto's Auto Scaling).
+
+    - Phase 1 (steps 1 to SLOW-1): two ranks of 16 images at 0.8 s a step want 40 images/s; one
+      server gives 28, so the trainer waits for data and the server is busy 100%: 1 -> 2 (the
+      second instance launches, its server is found by its tags). Two give 56: busy ~71%, so
+      the controller holds (one would be busy over 75%).
+    - Phase 2 (from step SLOW): 4 s a step want 8 images/s; the two are busy ~14%: 2 -> 1, and
+      Auto Scaling terminates the older instance, dataprep:0.
+    - At step SLOW+1, before the scale-in can be decided (it takes three looks at the slow
+      pace), dataprep:0 gets a Spot interruption notice (NOTICE_S seconds): its launcher marks it
+      leaving and stops its server, whose unfinished ranges go back to the pool. The scale-in
+      then comes inside the notice and terminates that same instance; when the notice runs out
+      the Spot termination finds it gone.
+
+    What a double count would look like: the one instance that left taken as two losses. The
+    scale-in removing dataprep:0 and the Spot termination each taking a server away (desired 0,
+    or the survivor terminated: no data server, the trainer stalls), or the Spot termination
+    replaced on top of the scale-in (a third instance launched, the group at 2 while the
+    controller asked for 1, and a controller that never settles, since the serving count no
+    longer matches its own); on the data side, dataprep:0's ranges put back once when its
+    server stopped and again when its instance went, so some batches are made and applied twice.
+    The assertions catch each: the group's desired capacity, as the rehearsal watched it every
+    half second, went exactly 1 -> 2 -> 1 before the job's end (``data_tier.consistent``: only
+    what the controller asked for, in its order), exactly two dataprep instances ever launched
+    and the interrupted one was terminated once, by the scale-in, inside its notice; at the end
+    the trainer saw one server serving with a target of one (the controller's count, the
+    group's desired and the servers agree); every sample of every epoch was applied exactly
+    once; and the final parameters equal the uninterrupted fixed-size baseline's bit for bit
+    (the elastic spec's training part is the baseline's: ``rehearse.training_digest``)."""
+    out = tmp_path / "rehearsal"
+    proc, report = rehearse(
+        out, "--baseline", str(baseline), "--interrupt", f"dataprep:0@{SLOW + 1}",
+        "--notice-seconds", str(NOTICE_S),
+        spec=ELASTIC_SPEC,
+        env={"HETERO_SERVE_MAX_IMAGES_PER_S": str(RATE), "HETERO_MIN_STEP_S": PACE},
+    )  # fmt: skip
+    why = context(proc)
+    assert_clean_end(proc, report)
+    assert proc.returncode == 0, why
+    assert_exactly_once_and_equal(report)
+    assert report["steps_lost"] == 0, why
+
+    tier = report["data_tier"]
+    assert tier is not None, why
+    # Scaled out, then in; nothing else acted (a refusal at max_count would be acted=False).
+    assert tier["changes"] == [[1, 2], [2, 1]], tier["decisions"]
+    grow, shrink = (d for d in tier["decisions"] if d["acted"])
+    assert grow["step"] < SLOW < shrink["step"], tier["decisions"]
+    assert grow["wait_share"] > 0.05 and grow["busy_share"] >= 0.75, grow
+    assert shrink["wait_share"] < 0.025, shrink
+    # The group followed the controller and nothing else: 1 -> 2 -> 1 before the job's end.
+    assert tier["desired_before_end"] == [1, 2, 1], tier["desired"]
+    assert tier["consistent"] is True
+    assert report["invariants"]["data_tier_consistent"]["ok"] is True
+
+    # The instances: dataprep:0 from the start, dataprep:1 for the scale-out, no other.
+    dataprep = [i for i in report["instances"] if i["group"] == "dataprep"]
+    assert [i["index"] for i in dataprep] == [0, 1], dataprep
+    assert tier["instances_launched"] == 2
+    first, second = dataprep
+    assert grow["t"] <= second["launched_t"] + 1, (grow, second)
+    # The notice came first (before the scale-in was decided), then the scale-in terminated
+    # that instance inside its notice; the Spot termination found it gone.
+    (notice,) = report["faults"]
+    assert notice["state"] == "done" and notice["instance"] == first["instance"], notice
+    assert notice["fired_t"] < shrink["t"] <= first["terminated_t"], (notice, shrink, first)
+    assert first["terminated_t"] < notice["fired_t"] + NOTICE_S, (notice, first)
+    assert notice["terminated_t"] is None and "already terminated" in notice["detail"], notice
+    assert report["replacements"] == []
+
+    # The trainer's view: serving and target agree at the end (one server).
+    metrics = trainer_metrics(out)
+    assert metrics[-1]["data_servers"] == metrics[-1]["data_servers_target"] == 1, metrics[-1]
+    print(json.dumps(elastic_figures(report, metrics), indent=2))
+
+
+def trainer_metrics(out: Path) -> list[dict[str, Any]]:
+    """The training records of rank 0's run (the host whose run folder has autoscale.jsonl)."""
+    (decided,) = list((out / "instances").glob("*/runs/*/autoscale.jsonl"))
+    lines = (decided.parent / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "data_wait_share" in r]
+
+
+def elastic_figures(report: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run shows: when each decision came (step, seconds since the start), the mean
+    data-wait share with one and with two servers serving in phase 1 (the first step, the
+    start, left out) and with one in phase 2, and the dataprep instance time against two fixed
+    instances for the whole run."""
+    tier = report["data_tier"]
+
+    def mean_wait(rows: list[dict[str, Any]]) -> float | None:
+        # Mean, not median: with one server the steps alternate short and long (ranges of two
+        # batches reach the two ranks in turn).
+        return round(sum(r["data_wait_share"] for r in rows) / len(rows), 3) if rows else None
+
+    return {
+        "wall_seconds": report["wall_seconds"],
+        "decisions": [
+            (d["step"], d["t"], d["from_count"], d["to_count"], d["acted"])
+            for d in tier["decisions"]
+        ],
+        "wait_one_server": mean_wait(
+            [r for r in metrics if 1 < r["step"] < SLOW and r["data_servers"] == 1]
+        ),
+        "wait_two_servers": mean_wait(
+            [r for r in metrics if r["step"] < SLOW and r["data_servers"] == 2]
+        ),
+        "wait_slow_one_server": mean_wait(
+            [r for r in metrics if r["step"] > SLOW and r["data_servers"] == 1]
+        ),
+        "dataprep_instance_seconds": tier["instance_seconds"],
+        "two_fixed_instance_seconds": round(2 * report["wall_seconds"], 1),
+    }

@@ -93,3 +93,20 @@ def test_steps_lost_bound() -> None:
     cut = Scenario(faults=(parse_instance_fault("kill-in-save", "trainer:1@6"),))
     assert steps_lost_bound(SPEC, cut) == interval  # back to the checkpoint before the cut one
     assert steps_lost_bound(SPEC, Scenario(expect=Expectations(steps_lost_max=9))) == 9
+
+
+def test_the_data_tier_invariant_guards_a_group_the_controller_did_not_size() -> None:
+    tier = {
+        "group": "dataprep",
+        "asg": "rehearsal-dataprep",
+        "desired_before_end": [1, 2, 0, 1],
+        "expected_desired": [1, 2, 1],
+        "consistent": False,
+    }
+    assert failed({**copy.deepcopy(GOOD), "data_tier": tier}) == ["data_tier_consistent"]
+    assert failed({**copy.deepcopy(GOOD), "data_tier": {**tier, "consistent": True}}) == []
+    assert failed({**copy.deepcopy(GOOD), "data_tier": None}) == []
+    # Capacity Rebalancing moves that group's desired capacity by itself: not checked then.
+    rebalance = Scenario(faults=(parse_instance_fault("rebalance", "dataprep:0@6"),))
+    no_rollback = {**copy.deepcopy(GOOD), "steps_lost": 0}
+    assert failed({**no_rollback, "data_tier": tier}, rebalance) == []

@@ -313,7 +313,7 @@ class FaultInjector(threading.Thread):
 
     def _terminate(self, rec: FaultRecord, run: InstanceRun, *, in_group: bool = False) -> None:
         if run.terminated:
-            rec.detail = "the instance was already terminated (job end?)"
+            rec.detail = "the instance was already terminated (a scale-in, or the job's end)"
             return
         if in_group:
             self.aws.terminate_in_group(run.instance_id, decrement=True)

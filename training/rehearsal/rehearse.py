@@ -27,8 +27,10 @@ from typing import Any
 
 from training.data.order import order_for
 from training.data.splits import Split, build_split
+from training.launcher.jobrecord import JobRecord
 from training.rehearsal import audit, params, report
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, region_for
+from training.rehearsal.datatier import DesiredWatch, data_tier_facts
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import FaultKind, Scenario
 from training.rehearsal.injector import FaultInjector, FaultRecord
@@ -40,7 +42,7 @@ from training.rehearsal.instances import (
 )
 from training.rehearsal.s3proxy import SwitchableProxy
 from training.rehearsal.samples import StepWatcher, read_sample_logs
-from training.spec import ClusterSpec, load_spec
+from training.spec import ClusterSpec, DataPlaneSpec, Role, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ SETTLE_S = 15.0
 """With every launcher exited and instances still running, how long nothing may change before
 the rehearsal ends (nothing else will happen: the groups were not scaled to zero)."""
 _LOOP_S = 0.5
+MAX_DECISIONS = 1000
+"""The most data-tier decisions read back from the job record for the report."""
 REPLACED_PREFIX = "job/replaced/"
 """The job record's count of instances taken out of service, relative to the checkpoint URI."""
 _STEP_RE = re.compile(r"step-(\d+)/COMPLETE$")
@@ -88,11 +92,27 @@ def spec_digest(path: Path) -> str:
 
 def training_digest(spec: ClusterSpec) -> str:
     """What the final parameters depend on: the spec without its budget (``job.max_usd``,
-    ``job.max_hours`` only decide when a job stops, and a stopped job resumes bit for bit) and
-    where it was read from, so a capped job that was resumed compares with an uncapped
-    baseline."""
-    uncapped = replace(spec, job=replace(spec.job, max_usd=None, max_hours=None), source="")
-    return hashlib.sha256(repr(uncapped).encode()).hexdigest()
+    ``job.max_hours`` only decide when a job stops, and a stopped job resumes bit for bit),
+    without how many data servers serve (the dataprep groups' ``count``, ``min_count``,
+    ``max_count`` and the data-tier controller's ``autoscale_*`` settings: every batch is the
+    same whichever server makes it, its augmentation seeded by seed, epoch and position) and
+    without where it was read from, so a capped job that was resumed, or one whose data tier
+    sized itself, compares with a fixed-size, uncapped baseline."""
+    default_dp = DataPlaneSpec()
+    dataplane = replace(
+        spec.job.dataplane,
+        autoscale_target_wait=default_dp.autoscale_target_wait,
+        autoscale_max_busy=default_dp.autoscale_max_busy,
+        autoscale_window=default_dp.autoscale_window,
+        autoscale_cooldown_s=default_dp.autoscale_cooldown_s,
+    )
+    groups = tuple(
+        replace(g, count=0, min_count=None, max_count=None) if g.role is Role.DATAPREP else g
+        for g in spec.groups
+    )
+    job = replace(spec.job, max_usd=None, max_hours=None, dataplane=dataplane)
+    normalized = replace(spec, groups=groups, job=job, source="")
+    return hashlib.sha256(repr(normalized).encode()).hexdigest()
 
 
 def _prepare(out: Path) -> None:
@@ -200,8 +220,9 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         simulator.start()
         injector.start()
         stopped_jobs: list[dict[str, Any]] = []
+        desired = DesiredWatch()
         end_reason, timed_out = _watch(
-            options, spec, aws, names, simulator, injector, steps, events, stopped_jobs
+            options, spec, aws, names, simulator, injector, steps, events, stopped_jobs, desired
         )
         injector.stop()
         facts["end_reason"], facts["timed_out"] = end_reason, timed_out
@@ -217,6 +238,9 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["outcome"] = record.get("outcome", "unknown") if record else "unknown"
         facts["job_record"] = record
         facts["replaced_in_record"] = replaced_instances(aws, names)
+        decisions = JobRecord(names.checkpoint_uri, s3_client=aws.client("s3")).decisions(
+            limit=MAX_DECISIONS
+        )
         records = read_sample_logs(sample_dir)
         final = audit.final_step(records)
         facts["final_step"] = final
@@ -234,6 +258,15 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
     # The emulators' own cost (moto, IMDS, the proxy, the polling), apart from the instances'.
     facts["rehearsal_cpu_seconds"] = round(_own_cpu_seconds() - cpu_before, 1)
     facts.update(_audit(spec, records, injector, simulator, events.started_wall))
+    facts["data_tier"] = data_tier_facts(
+        spec,
+        names.asg_names,
+        decisions,
+        desired,
+        facts["instances"],
+        started_wall=events.started_wall,
+        ended_t=facts["wall_seconds"],
+    )
     facts["events"] = [e.to_json() for e in events.events()]
     return facts
 
@@ -248,10 +281,12 @@ def _watch(
     steps: StepWatcher,
     events: EventLog,
     stopped_jobs: list[dict[str, Any]],
+    desired_watch: DesiredWatch,
 ) -> tuple[str, bool]:
     """Wait for the end; (why it ended, whether the time ran out). A job that ends ``stopped``
     is continued up to ``options.resume_stopped`` times (its record, with the step it stopped
-    at, goes into ``stopped_jobs``)."""
+    at, goes into ``stopped_jobs``). Every group's desired capacity is looked at each pass
+    (``desired_watch``; a change is a ``group-desired`` event)."""
     deadline = time.monotonic() + options.timeout_s
     total = spec.job.total_steps or 0
     progress_every = max(1, total // 10) if total else 10
@@ -271,17 +306,19 @@ def _watch(
                 "outcome",
                 f"job record: {outcome} ({record.get('reason', '')}) by {record.get('by', '?')}",
             )
+        desired = aws.desired_capacities(names)
+        for asg, value, old in desired_watch.observe(events.elapsed(), desired):
+            was = "" if old is None else f" (was {old})"
+            events.add("group-desired", f"{asg} desired {value}{was}", asg=asg, desired=value)
         live = simulator.live_runs()
         launched = bool(simulator.runs())
-        if launched and not live and not injector.busy():
-            desired = aws.desired_capacities(names)
-            if all(v == 0 for v in desired.values()):
-                if outcome == "stopped" and len(stopped_jobs) < options.resume_stopped:
-                    stopped_jobs.append({**(record or {}), "step": steps.current_step()})
-                    start_next_job(options.spec_path, aws, events)
-                    outcome = None
-                    continue
-                return "every group at 0 and every instance terminated", False
+        if launched and not live and not injector.busy() and all(v == 0 for v in desired.values()):
+            if outcome == "stopped" and len(stopped_jobs) < options.resume_stopped:
+                stopped_jobs.append({**(record or {}), "step": steps.current_step()})
+                start_next_job(options.spec_path, aws, events)
+                outcome = None
+                continue
+            return "every group at 0 and every instance terminated", False
         if live and not any(r.launcher_running for r in live) and not injector.busy():
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since >= options.settle_s:
@@ -410,7 +447,9 @@ def _audit(
                 "recovery_seconds": None if recovery is None else round(recovery, 2),
             }
         )
-    counts = {g.name: g.count for g in spec.groups}
+    # Launches past a group's size are replacements; an elastic group's size is its maximum
+    # (the launches up to it may be the data-tier controller's, see ``data_tier``).
+    counts = {g.name: g.max_size for g in spec.groups}
     resumes = audit.resumes(r.folder / LAUNCHER_LOG for r in runs)
     return {
         "faults": [r.to_json() for r in fault_records],

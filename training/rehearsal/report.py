@@ -14,7 +14,12 @@ Invariants, each ``{"ok": bool, "detail": str}`` in ``rehearsal.json``:
   missing), ``steps_lost_bounded`` (steps redone after rollbacks at most ``expect.steps-lost-max``,
   by default one checkpoint interval per trainer instance lost: a notice is answered with a
   checkpoint, a hard loss costs at most the steps since the last one) and, when there is a
-  baseline, ``params_equal`` (bitwise-equal final parameters).
+  baseline, ``params_equal`` (bitwise-equal final parameters);
+- with an elastic dataprep group (``data_tier``, ``training.rehearsal.datatier``):
+  ``data_tier_consistent``, every desired capacity the group had before the job's end was one
+  the data-tier controller asked for, in its order (no loss counted twice); not checked when the
+  scenario sends that group a rebalance recommendation (Capacity Rebalancing raises its desired
+  capacity for a while by itself).
 """
 
 from __future__ import annotations
@@ -75,6 +80,15 @@ def invariants(
             + f"; job record replaced/: {len(facts.get('replaced_in_record', []))}"
             if not stuck
             else f"still in service or never replaced: {stuck}",
+        )
+    tier = facts.get("data_tier")
+    if tier is not None and not any(
+        f.kind is FaultKind.REBALANCE and f.group == tier["group"] for f in scenario.faults
+    ):
+        out["data_tier_consistent"] = _check(
+            tier["consistent"],
+            f"{tier['asg']} desired {tier['desired_before_end']} before the end; the controller "
+            f"asked for {tier['expected_desired']}",
         )
     left = facts.get("processes_left", [])
     out["no_processes_left"] = _check(
@@ -153,6 +167,7 @@ def render(facts: dict[str, Any]) -> None:
         ("samples repeated / epoch", str(facts.get("samples_repeated"))),
         ("params equal baseline", str(facts.get("params_equal_uninterrupted"))),
         ("groups desired at end", str(facts.get("groups_desired_at_end"))),
+        ("data tier", _data_tier(facts.get("data_tier"))),
         ("processes left", str(len(facts.get("processes_left", [])))),
     ]
     rows += [
@@ -177,3 +192,18 @@ def _first_steps(facts: dict[str, Any]) -> str:
         if r.get("first_step_seconds") is not None
     ]
     return str(seconds) if seconds else "-"
+
+
+def _data_tier(tier: dict[str, Any] | None) -> str:
+    """The data-tier row: the controller's changes at their steps, and the servers' time."""
+    if tier is None:
+        return "fixed size"
+    changes = [
+        f"{d['from_count']}->{d['to_count']} at step {d['step']} ({d['t']:.0f} s)"
+        for d in tier["decisions"]
+        if d.get("acted") and d["to_count"] != d["from_count"]
+    ]
+    return (
+        f"{tier['group']}: {', '.join(changes) or 'no change'}; "
+        f"{tier['instances_launched']} instance(s), {tier['instance_seconds']:.0f} instance-s"
+    )
