@@ -135,6 +135,19 @@ def test_hysteresis_no_shrink_after_a_growth_that_just_fits() -> None:
     assert feed.run(100, wait=0.04, busy=0.3) == []  # idle servers, but not under half
 
 
+def test_a_lost_server_is_neither_a_reason_to_grow_nor_to_shrink() -> None:
+    """One of three servers is lost (its group replaces it): the wait it causes does not grow
+    the group, and the spare capacity of the two left does not shrink it."""
+    c = DataTierController(POLICY, count=3)
+    feed = Feed(c)
+    assert feed.run(5, wait=0.4, busy=1.0, serving=2) == []
+    assert feed.run(5, wait=0.0, busy=0.1, serving=2) == []
+    assert c.count == 3
+    # Replaced: the controller decides on what it sees from then on (a fresh window).
+    assert feed.run(2, wait=0.4, busy=1.0) == []
+    assert feed.run(1, wait=0.4, busy=1.0) == [(3, 5, True)]
+
+
 def test_a_change_that_never_arrives_is_given_up_after_the_settle_timeout() -> None:
     feed = Feed(DataTierController(POLICY, count=1))
     assert feed.run(3, wait=0.5, busy=1.0) == [(1, 2, True)]

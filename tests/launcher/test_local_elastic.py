@@ -9,7 +9,7 @@ and slows down part-way, as if a bigger model were switched in.
 - Phase 1: 16 images a step at 0.1 s a step want 160 images/s; one server gives 60, so the
   trainer waits about 62% of the time. The controller asks for ceil(1 / (1 - 0.62)) = 3
   servers (180 images/s) and then holds: waiting ~0, the servers busy ~89%, so 2 would not do.
-- Phase 2 (from step 200): 0.6 s a step want 27 images/s; the three are busy ~15%, so one
+- Phase 2 (from step 120): 0.6 s a step want 27 images/s; the three are busy ~15%, so one
   (busy ~44%, under 75%) is enough: 3 -> 1, and it holds again.
 
 Asserted: exactly those two decisions (no flapping), every sample of every epoch exactly once
@@ -48,7 +48,7 @@ max_count = 4
 
 [job]
 batch_size = 16
-steps = 240
+steps = 160
 lr = 1e-3
 precision = "fp32"
 log_every_steps = 5
@@ -88,7 +88,7 @@ autoscale_cooldown_s = 3.0
 """
 
 RATE = 60  # images/s per server
-PACE = "0.1,200:0.6"  # seconds per step; from step 200 on, 0.6
+PACE = "0.1,120:0.6"  # seconds per step; from step 120 on, 0.6
 
 
 def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slows(
@@ -116,22 +116,25 @@ def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slow
     changes = [(d["from_count"], d["to_count"]) for d in decisions if d["acted"]]
     assert changes == [(1, 3), (3, 1)], decisions
     grow, shrink = (d for d in decisions if d["acted"])
-    assert grow["step"] < 200 < shrink["step"]
+    assert grow["step"] < 120 < shrink["step"]
     assert grow["wait_share"] > 0.4 and grow["busy_share"] > 0.9
     assert shrink["wait_share"] < 0.025 and shrink["busy_share"] < 0.3
 
-    # The metrics carry the serving count and the target; after the growth settled, phase 1
-    # ran with 3 servers and almost no waiting.
+    # The metrics carry the serving count and the target; once the 3 served, phase 1 ran on
+    # with 3 and almost no waiting.
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "data_servers" in r]
-    settled = [r for r in train if grow["step"] + 40 < r["step"] <= 200]
-    assert settled and all(r["data_servers"] == 3 for r in settled)
+    first = next(
+        i for i, r in enumerate(train) if r["step"] > grow["step"] and r["data_servers"] == 3
+    )
+    settled = [r for r in train[first:] if r["step"] <= 120]
+    assert len(settled) >= 4 and all(r["data_servers"] == 3 for r in settled), train
     assert statistics.median(r["data_wait_share"] for r in settled) < 0.01
     assert train[-1]["data_servers_target"] == 1 and train[-1]["data_servers"] == 1
 
     # Every sample exactly once per epoch, in the planned order, through both changes.
     logged = read_sample_logs(samples)
-    assert [r.step for r in logged] == list(range(1, 241))
+    assert [r.step for r in logged] == list(range(1, 161))
     audits = audit_samples(logged, num_samples=1600, batch_size=16, seed=0, layout=Layout.BLOCK)
     assert [(a.lost, a.repeated, a.unplanned) for a in audits] == [(0, 0, 0)] * len(audits)
     per_epoch = 1600 // 16
@@ -140,7 +143,10 @@ def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slow
         planned = epoch_order(0, epoch, 1600)[k * 16 : (k + 1) * 16].tolist()
         assert list(r.sample_ids) == planned, f"step {r.step}"
 
-    # Three servers were started in all (1, then 2 more); each one exited 0.
+    # Three servers served in all (1, then 2 more), and each exited 0 after its Shutdown. (A
+    # server still starting when the count drops is stopped and never served: on a loaded
+    # machine a start can take long enough for that.)
     summary = json.loads((run / "local-run.json").read_text())
-    assert len(summary["data_servers"]) == 3
-    assert set(summary["data_servers"].values()) == {0}
+    early = set(summary["data_servers_stopped_before_serving"])
+    served = {a: c for a, c in summary["data_servers"].items() if a not in early}
+    assert len(served) == 3 and set(served.values()) == {0}, summary

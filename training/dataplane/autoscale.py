@@ -17,10 +17,12 @@ The rule (``DataTierController.observe``), over the medians of the last ``window
   be busy at most ``max_busy`` of their time: to ``max(min_count, ceil(n * busy / max_busy))``,
   once ``window`` looks in a row want fewer (slower down than up: when the demand drops, the
   looks in the middle of the drop do not set the count).
-- **Hold** otherwise. The gap between the two rules is the hysteresis: after a growth the busy
-  share is high, so shrinking does not follow. After any change the controller waits for every
-  server of the new count to serve and then ``cooldown_s`` before it decides again, and it
-  forgets the intervals measured before the change.
+- **Hold** otherwise, and while fewer servers serve than the count (one was lost and its group
+  replaces it: neither its wait nor its absence is a demand signal). The gap between the two
+  rules is the hysteresis: after a growth the busy share is high, so shrinking does not follow.
+  After any change the controller waits for every server of the new count to serve and then
+  ``cooldown_s`` before it decides again, and it forgets the intervals measured before the
+  change.
 
 Exactly one controller acts: the trainer's global rank 0 runs it (``Autoscaler``). A new rank 0
 (the trainer restarted, or its host replaced) starts from the count the backend reports, so the
@@ -136,6 +138,7 @@ class DataTierController:
     """The count each of the last ``window`` looks would shrink to (``count``: no fewer)."""
     _changed_at: float | None = None
     _settled_at: float | None = None
+    _short_since: float | None = None
     _last_refusal: str | None = None
 
     def __post_init__(self) -> None:
@@ -155,6 +158,7 @@ class DataTierController:
                 if obs.serving != self.count and waited < p.settle_timeout_s:
                     return None
                 if obs.serving != self.count:
+                    self._short_since = self._changed_at  # no second wait for the shortfall
                     log.warning(
                         "data-tier controller: %d server(s) serve %.0fs after asking for %d; "
                         "deciding again anyway", obs.serving, waited, self.count,
@@ -167,6 +171,18 @@ class DataTierController:
                 self._window.clear()
                 self._shrinks.clear()
                 return None
+        if obs.serving < self.count:
+            # A server was lost (Spot, a crash): its group replaces it. Its absence says
+            # nothing about the demand, so the controller neither grows for the wait it causes
+            # nor shrinks on top of it, until the count serves again (or the settle timeout).
+            if self._short_since is None:
+                self._short_since = obs.time
+            if obs.time - self._short_since < p.settle_timeout_s:
+                self._window.clear()
+                self._shrinks.clear()
+                return None
+        else:
+            self._short_since = None
         self._window.append(obs)
         if len(self._window) < p.window:
             return None

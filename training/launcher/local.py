@@ -53,6 +53,8 @@ class LocalRunSummary:
     """True when every data server exited by itself after the trainer finished."""
     stopped_by: str | None = None
     """Why the run was stopped early (a signal), if it was."""
+    data_servers_stopped_before_serving: list[str] = field(default_factory=list)
+    """Elastic group: servers stopped while they were starting (a scale-in, the job's end)."""
     wall_s: float = 0.0
 
 
@@ -211,6 +213,8 @@ def run_local(
                     log.warning("data servers did not all stop after training; stopping them")
         sup.shutdown(grace_s)
         summary.data_servers = {addr: c.returncode for addr, c in servers}
+        if tier is not None:
+            summary.data_servers_stopped_before_serving = sorted(tier.stopped)
         if sup.stop_signal is not None:
             summary.stopped_by = sup.stop_reason
             summary.exit_code = exit_code_for_signal(sup.stop_signal)
