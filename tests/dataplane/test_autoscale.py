@@ -135,17 +135,17 @@ def test_hysteresis_no_shrink_after_a_growth_that_just_fits() -> None:
     assert feed.run(100, wait=0.04, busy=0.3) == []  # idle servers, but not under half
 
 
-def test_a_lost_server_is_neither_a_reason_to_grow_nor_to_shrink() -> None:
-    """One of three servers is lost (its group replaces it): the wait it causes does not grow
-    the group, and the spare capacity of the two left does not shrink it."""
+def test_a_lost_server_is_no_reason_to_grow_and_a_shrink_counts_it_once() -> None:
+    """One of three servers is lost (its group replaces it): the wait that causes does not grow
+    the group (said once); when the demand is low, the shrink is computed from the two that
+    serve, not from three (which would keep one server too many)."""
     c = DataTierController(POLICY, count=3)
     feed = Feed(c)
-    assert feed.run(5, wait=0.4, busy=1.0, serving=2) == []
-    assert feed.run(5, wait=0.0, busy=0.1, serving=2) == []
+    assert feed.run(5, wait=0.4, busy=1.0, serving=2) == [(3, 3, False)]
     assert c.count == 3
-    # Replaced: the controller decides on what it sees from then on (a fresh window).
-    assert feed.run(2, wait=0.4, busy=1.0) == []
-    assert feed.run(1, wait=0.4, busy=1.0) == [(3, 5, True)]
+    # ceil(2 x 0.3 / 0.75) = 1, where the count would say ceil(3 x 0.3 / 0.75) = 2.
+    assert feed.run(3, wait=0.0, busy=0.3, serving=2) == []
+    assert feed.run(1, wait=0.0, busy=0.3, serving=2) == [(3, 1, True)]
 
 
 def test_a_change_that_never_arrives_is_given_up_after_the_settle_timeout() -> None:
@@ -304,6 +304,40 @@ def test_the_asg_backend_sets_and_reads_the_desired_capacity() -> None:
         group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["elastic-dataprep"])
         assert group["AutoScalingGroups"][0]["DesiredCapacity"] == 4
         assert actuator.current() == 4
+
+
+def test_the_asg_scale_in_takes_the_leaving_instance_first() -> None:
+    """A Spot notice already takes one instance away: the scale-in terminates that one (and
+    decrements the desired count), so Auto Scaling does not pick a healthy one besides."""
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="eu-west-1")
+        asg = boto3.client("autoscaling", region_name="eu-west-1")
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+        ec2.create_launch_template(
+            LaunchTemplateName="elastic",
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
+        )
+        asg.create_auto_scaling_group(
+            AutoScalingGroupName="elastic-dataprep",
+            LaunchTemplate={"LaunchTemplateName": "elastic"},
+            MinSize=1, MaxSize=5, DesiredCapacity=3, VPCZoneIdentifier=subnet,
+        )  # fmt: skip
+
+        def members() -> list[str]:
+            g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["elastic-dataprep"])
+            return [i["InstanceId"] for i in g["AutoScalingGroups"][0]["Instances"]]
+
+        # Left to itself, moto's scale-in removes the first listed: the last is the one a
+        # plain SetDesiredCapacity would keep.
+        first, second, leaving = members()
+        actuator = AsgActuator("elastic-dataprep", client=asg, leaving=lambda: {leaving})
+        actuator.set(2)
+        assert members() == [first, second] and actuator.current() == 2
+        actuator.set(3)  # growing terminates nothing
+        assert members()[:2] == [first, second] and actuator.current() == 3
+        actuator.set(1)  # nobody leaving now: Auto Scaling picks
+        assert len(members()) == 1 and actuator.current() == 1
 
 
 def test_the_backend_argument() -> None:

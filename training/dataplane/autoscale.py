@@ -17,8 +17,10 @@ The rule (``DataTierController.observe``), over the medians of the last ``window
   be busy at most ``max_busy`` of their time: to ``max(min_count, ceil(n * busy / max_busy))``,
   once ``window`` looks in a row want fewer (slower down than up: when the demand drops, the
   looks in the middle of the drop do not set the count).
-- **Hold** otherwise, and while fewer servers serve than the count (one was lost and its group
-  replaces it: neither its wait nor its absence is a demand signal). The gap between the two
+- **Hold** otherwise. While fewer servers serve than the count (one was lost or is leaving,
+  and its group replaces it) the wait that causes is no reason to grow; a shrink is computed
+  from the servers that serve, and on EC2 removes the leaving instance first
+  (``AsgActuator``), so one loss is never counted twice. The gap between the two
   rules is the hysteresis: after a growth the busy share is high, so shrinking does not follow.
   After any change the controller waits for every server of the new count to serve and then
   ``cooldown_s`` before it decides again, and it forgets the intervals measured before the
@@ -171,18 +173,15 @@ class DataTierController:
                 self._window.clear()
                 self._shrinks.clear()
                 return None
+        # Fewer serve than the count: a server was lost or is leaving (Spot, a crash) and its
+        # group replaces it. The wait that causes is no demand for more (no growth meanwhile,
+        # up to the settle timeout); a shrink goes on from the servers that do serve.
         if obs.serving < self.count:
-            # A server was lost (Spot, a crash): its group replaces it. Its absence says
-            # nothing about the demand, so the controller neither grows for the wait it causes
-            # nor shrinks on top of it, until the count serves again (or the settle timeout).
             if self._short_since is None:
                 self._short_since = obs.time
-            if obs.time - self._short_since < p.settle_timeout_s:
-                self._window.clear()
-                self._shrinks.clear()
-                return None
         else:
             self._short_since = None
+        short = self._short_since is not None and obs.time - self._short_since < p.settle_timeout_s
         self._window.append(obs)
         if len(self._window) < p.window:
             return None
@@ -193,6 +192,12 @@ class DataTierController:
         n = self.count
         if wait > p.target_wait:
             self._shrinks.append(n)  # a look that wants no fewer
+            if short:
+                return self._refusal(
+                    obs, wait, busy,
+                    f"{obs.serving} of {n} server(s) serve; waiting for the group to replace "
+                    "the one(s) lost",
+                )  # fmt: skip
             if n >= p.max_count:
                 return self._refusal(obs, wait, busy, f"at max_count {p.max_count}")
             if busy is None or busy < p.max_busy:
@@ -208,8 +213,10 @@ class DataTierController:
             )  # fmt: skip
         self._last_refusal = None
         target = n
+        # The load is the busy share of the servers that serve (during a loss, fewer than n).
+        serving = min(n, max(1, int(statistics.median(o.serving for o in self._window))))
         if wait < p.target_wait / 2 and n > p.min_count and busy is not None:
-            target = max(p.min_count, math.ceil(n * busy / p.max_busy))
+            target = max(p.min_count, math.ceil(serving * busy / p.max_busy))
         self._shrinks.append(target)
         # Down only after ``window`` looks in a row want fewer, and then to what the last one
         # wants: a look in the middle of a change of demand does not set the count.
@@ -218,7 +225,8 @@ class DataTierController:
             return self._change(
                 obs, target, wait, busy,
                 f"data-wait {wait:.1%} under half the target {p.target_wait:.1%}; {target} "
-                f"server(s) would be busy {n * busy / target:.0%} (at most {p.max_busy:.0%})",
+                f"server(s) would be busy {serving * busy / target:.0%} (at most "
+                f"{p.max_busy:.0%})",
             )  # fmt: skip
         return None
 
@@ -332,9 +340,15 @@ class AsgActuator:
 
     acts = True
 
-    def __init__(self, asg_name: str, client: Any | None = None) -> None:
+    def __init__(
+        self,
+        asg_name: str,
+        client: Any | None = None,
+        leaving: Callable[[], set[str]] | None = None,
+    ) -> None:
         self.asg_name = asg_name
         self._client = client
+        self._leaving = leaving
 
     @property
     def client(self) -> Any:
@@ -350,9 +364,27 @@ class AsgActuator:
         return int(found[0]["DesiredCapacity"]) if found else None
 
     def set(self, count: int) -> None:
-        self.client.set_desired_capacity(
-            AutoScalingGroupName=self.asg_name, DesiredCapacity=count, HonorCooldown=False
-        )
+        """Grow: ``SetDesiredCapacity``. Shrink: first the group's instances that said they are
+        leaving (``leaving()``: a Spot notice, an Auto Scaling termination, in the job record)
+        go, each with ``TerminateInstanceInAutoScalingGroup`` and
+        ``ShouldDecrementDesiredCapacity``, so the loss already under way is the scale-in
+        rather than a second one; then ``SetDesiredCapacity`` for the rest (Auto Scaling picks
+        which)."""
+        group = self.client.describe_auto_scaling_groups(AutoScalingGroupNames=[self.asg_name])
+        found = group.get("AutoScalingGroups", [])
+        desired = int(found[0]["DesiredCapacity"]) if found else count
+        if count < desired and self._leaving is not None:
+            members = [i["InstanceId"] for i in found[0].get("Instances", [])]
+            for instance in [i for i in members if i in self._leaving()][: desired - count]:
+                self.client.terminate_instance_in_auto_scaling_group(
+                    InstanceId=instance, ShouldDecrementDesiredCapacity=True
+                )
+                desired -= 1
+                log.info("data-tier controller: scale-in takes leaving instance %s", instance)
+        if desired != count:
+            self.client.set_desired_capacity(
+                AutoScalingGroupName=self.asg_name, DesiredCapacity=count, HonorCooldown=False
+            )
 
     def describe(self) -> str:
         return f"Auto Scaling group {self.asg_name}"
@@ -372,13 +404,16 @@ def backend_arg(spec: ClusterSpec, backend: str, cluster: str) -> str:
     return "report" if backend == "sagemaker" else ""
 
 
-def actuator_from_arg(value: str, start: int) -> Actuator:
-    """``--autoscale`` of the trainer: ``file:PATH``, ``asg:NAME`` or ``report``."""
+def actuator_from_arg(
+    value: str, start: int, leaving: Callable[[], set[str]] | None = None
+) -> Actuator:
+    """``--autoscale`` of the trainer: ``file:PATH``, ``asg:NAME`` or ``report``; ``leaving``:
+    the instances that said they are leaving (the job record's), for an ASG's scale-in."""
     kind, _, arg = value.partition(":")
     if kind == "file" and arg:
         return FileActuator(arg)
     if kind == "asg" and arg:
-        return AsgActuator(arg)
+        return AsgActuator(arg, leaving=leaving)
     if kind == "report":
         return ReportOnly(start)
     raise ValueError(f"--autoscale {value!r}: use file:PATH, asg:NAME or report")

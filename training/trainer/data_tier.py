@@ -36,7 +36,7 @@ def build_autoscaler(config: TrainerConfig, stream: Any, rank: int) -> Autoscale
 
     return Autoscaler(
         policy,
-        actuator_from_arg(backend, group.count),
+        actuator_from_arg(backend, group.count, record.leaving if record is not None else None),
         pool.server_loads,
         run_dir=config.run_dir,
         start_count=group.count,
