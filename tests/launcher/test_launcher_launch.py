@@ -250,3 +250,54 @@ def test_ec2_trainer_plan_from_imds_tags_and_describe_instances(
         "--checkpoint-dir /tmp/hetero/checkpoints --outcome-dir runs/vit-test/outcome "
         "--checkpoint-s3-uri s3://bucket/checkpoints/vit-test/"
     ) in out
+
+
+def _elastic(spec_path: Path) -> Path:
+    """The same spec with its dataprep group elastic (1 to 4, starting at 2)."""
+    text = spec_path.read_text().replace(
+        'instance_types = ["c6i.4xlarge"]\ncount = 2\n',
+        'instance_types = ["c6i.4xlarge"]\ncount = 2\nmin_count = 1\nmax_count = 4\n',
+    )
+    assert "max_count = 4" in text
+    spec_path.write_text(text)
+    return spec_path
+
+
+def test_sagemaker_trainer_of_an_elastic_group_only_reports(
+    spec_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SageMaker job's instance groups are fixed: the controller runs in report mode."""
+    config = dict(RESOURCECONFIG, current_host="algo-1", current_group_name="trainer")
+    rc_path = tmp_path / "resourceconfig.json"
+    rc_path.write_text(json.dumps(config))
+    args = ["launch", "--spec", str(_elastic(spec_path)), "--resourceconfig", str(rc_path)]
+    assert main([*args, "--dry-run"]) == 0
+    assert "--autoscale report" in capsys.readouterr().out
+
+
+def test_ec2_trainer_of_an_elastic_group_scales_its_auto_scaling_group(
+    spec_path: Path,
+    tmp_path: Path,
+    fake_imds: FakeImds,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://bucket/checkpoints/vit-test/")
+    with mock_aws():
+        client = boto3.client("ec2", region_name="us-west-2")
+        vpc = client.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = client.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+        me = launch((client, subnet), "10.0.0.40", "trainer")
+        launch((client, subnet), "10.0.0.41", "trainer")
+        launch((client, subnet), "10.0.0.50", "dataprep")
+        tag_imds(fake_imds, "trainer")
+        fake_imds.set("/latest/meta-data/instance-id", me)
+        code = main(
+            [
+                "launch", "--spec", str(_elastic(spec_path)), "--resourceconfig",
+                str(tmp_path / "no"), "--imds-url", fake_imds.url, "--dry-run",
+            ]
+        )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "--autoscale asg:vit-test-dataprep" in out
