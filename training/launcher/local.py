@@ -4,7 +4,8 @@ One data server per dataprep instance of the spec (on free loopback ports from t
 upward), health-checked, then torchrun with the trainer, which streams batches from them and,
 when done, shuts them down with the Shutdown RPC. Ctrl-C or SIGTERM stops everything; no process
 is left behind either way. A spec without dataprep groups runs the trainer alone with its local
-DataLoader.
+DataLoader. With an elastic dataprep group, servers come and go while the trainer runs
+(``training.launcher.local_tier``).
 """
 
 from __future__ import annotations
