@@ -119,8 +119,8 @@ def test_status_shows_spend_against_the_cap_until_the_end(tmp_path: Path) -> Non
 
 SPEC_WITH_CAP = one_of_each("one") + "{cap}\n" + PRICED
 
-# A trainer that honours --max-seconds as the real one does (what is left until
-# HETERO_BUDGET_DEADLINE is its default): it runs until then and stops "max-seconds" after a
+# A trainer that honours the job's budget as the real one does (it stops at
+# HETERO_BUDGET_DEADLINE, wall clock): it runs until then and stops "max-seconds" after a
 # checkpoint, or finishes.
 STANDIN = r"""
 import json, os, pathlib, sys, time

@@ -66,6 +66,33 @@ def test_time_running_out_on_the_last_step_still_finishes(tmp_path: Path) -> Non
     assert (outcome.outcome, outcome.step, outcome.checkpoint_step) == (Outcome.FINISHED, 2, 2)
 
 
+def test_the_budget_deadline_is_wall_clock_so_start_up_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HETERO_BUDGET_DEADLINE`` 1 s from now, read at start-up: the trainer's own start-up
+    (the model, the data) eats into it, as on AWS, where seconds counted from the training
+    loop's start would let a trainer that started within its budget run on past it (a capped
+    rehearsal ran to its end so in CI)."""
+    import time
+
+    monkeypatch.setenv("HETERO_BUDGET_DEADLINE", str(time.time() + 1.0))
+    real_train = __import__("training.trainer.train", fromlist=["Trainer"]).Trainer.train
+
+    def slow_start(self: object) -> int:
+        time.sleep(1.2)  # start-up beyond the deadline
+        return real_train(self)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("training.trainer.train.Trainer.train", slow_start)
+    code, outcome = run_main(tmp_path, steps=100_000)
+    assert code == EXIT_STOPPED and outcome.reason == "max-seconds"
+    assert outcome.step == 1 and outcome.checkpoint_step == 1  # stopped after its first step
+    monkeypatch.setenv("HETERO_BUDGET_DEADLINE", "soon")
+    (tmp_path / "bad").mkdir()
+    code, outcome = run_main(tmp_path / "bad", steps=3)
+    assert code == EXIT_CONFIG
+    assert "HETERO_BUDGET_DEADLINE must be epoch seconds, got 'soon'" in outcome.reason
+
+
 def test_a_bad_configuration_exits_2_with_a_failed_outcome(tmp_path: Path) -> None:
     code, outcome = run_main(tmp_path, "--steps", "0")
     assert code == EXIT_CONFIG

@@ -15,8 +15,8 @@ own start time, the old record moved to ``job-history/``) that resumes the check
 (``hetero job start --max-usd/--max-hours``, kept in the job pointer).
 
 The launcher passes the time the budget runs out to the trainer (``HETERO_BUDGET_DEADLINE``,
-epoch seconds; the trainer's ``--max-seconds`` defaults to what is left of it when the trainer
-starts), which stops with a durable checkpoint when it runs out; the launcher then
+epoch seconds; the trainer checks the wall clock against it after every step, so its own
+start-up counts too), which stops with a durable checkpoint when it runs out; the launcher then
 ends the job with the outcome ``stopped`` and a ``budget: ...`` reason, and every group goes
 to 0 (``ec2_job.py``).
 """

@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,14 +35,6 @@ if TYPE_CHECKING:
     from training.trainer.train import Trainer
 
 log = logging.getLogger("training.trainer")
-
-
-def _budget_seconds() -> float | None:
-    """Seconds left until ``HETERO_BUDGET_DEADLINE`` (epoch seconds, from the launcher); past
-    it, a millisecond: the trainer stops after its first step, with a checkpoint. None when
-    unset."""
-    raw = os.environ.get("HETERO_BUDGET_DEADLINE", "").strip()
-    return max(0.001, float(raw) - time.time()) if raw else None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -73,10 +64,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-seconds",
         type=float,
-        # The launcher passes when the job's budget runs out (training.launcher.budget).
-        default=_budget_seconds(),
-        help="stop with a checkpoint after S seconds (default: what is left until "
-        "$HETERO_BUDGET_DEADLINE, epoch seconds, when set)",
+        help="stop with a checkpoint after S seconds of training (also, whatever this says, "
+        "at $HETERO_BUDGET_DEADLINE, epoch seconds, when the launcher sets it: the job's budget)",
     )
     p.add_argument(
         "--checkpoint-dir",

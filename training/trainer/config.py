@@ -31,6 +31,8 @@ save before the run counts as failed (default 60)."""
 ENV_SAMPLE_LOG_DIR = "HETERO_SAMPLE_LOG_DIR"
 """When set, each rank appends the sample ids of every applied step to
 ``<dir>/rank-<RANK>.jsonl`` (``training.trainer.sample_log``)."""
+ENV_BUDGET_DEADLINE = "HETERO_BUDGET_DEADLINE"
+"""Epoch seconds at which the job's budget runs out (``training.launcher.budget`` sets it)."""
 ENV_MIN_STEP_S = "HETERO_MIN_STEP_S"
 """A pace for the trainer (tests and rehearsals: a stand-in for a slower or faster GPU): each
 optimizer step takes at least this long, data waits aside. ``S`` or ``S,STEP:S2[,...]`` (from
@@ -158,6 +160,10 @@ class TrainerConfig:
     line on stdout, with this ``Cluster`` dimension (``training.trainer.emf``): on by default
     where ``HETERO_CLUSTER`` is set (the stack's user data sets it), or with ``--emf``; None
     (local runs, ``--no-emf``): no such lines."""
+    deadline: float | None = None
+    """Stop (with a checkpoint) at this wall-clock time, epoch seconds: the job's budget
+    (``HETERO_BUDGET_DEADLINE``, from the launcher: ``training.launcher.budget``). Absolute, so
+    the trainer's own start-up counts against it."""
     min_step_s: tuple[tuple[int, float], ...] = ()
     """``(from step, seconds)``: the least time an optimizer step takes, data waits aside
     (``HETERO_MIN_STEP_S``; empty: no pace)."""
@@ -213,6 +219,18 @@ class TrainerConfig:
         )
         final_retry = seconds(ENV_FINAL_SAVE_RETRY, CheckpointConfig.final_save_retry_s)
         sample_log = env.get(ENV_SAMPLE_LOG_DIR, "").strip()
+        deadline: float | None = None
+        raw_deadline = env.get(ENV_BUDGET_DEADLINE, "").strip()
+        if raw_deadline:
+            try:
+                deadline = float(raw_deadline)
+            except ValueError:
+                deadline = math.nan
+            if not math.isfinite(deadline):
+                problems.append(
+                    f"{ENV_BUDGET_DEADLINE} must be epoch seconds, got {raw_deadline!r}"
+                )
+                deadline = None
         try:
             pace = parse_pace(env.get(ENV_MIN_STEP_S, ""))
         except ValueError as e:
@@ -304,6 +322,7 @@ class TrainerConfig:
             total_steps=total,
             epochs=None if steps is not None else job.epochs,
             max_seconds=max_seconds,
+            deadline=deadline,
             bf16=job.precision is Precision.BF16,
             compile=job.compile,
             seed=job.seed,

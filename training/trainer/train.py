@@ -343,10 +343,9 @@ class Trainer:
             # Out of time stops the run unless this step is its last: a finished run is not
             # "stopped" (the same on every rank: they are at the same step).
             out_of_time = (
-                c.max_seconds is not None
-                and elapsed >= c.max_seconds
-                and (c.total_steps is None or self.step + 1 < c.total_steps)
-            )
+                (c.max_seconds is not None and elapsed >= c.max_seconds)
+                or (c.deadline is not None and time.time() >= c.deadline)
+            ) and (c.total_steps is None or self.step + 1 < c.total_steps)
             if out_of_time:
                 self.stop.request()
             flags = self.stop.agree(void, save_busy=self.policy.busy)
