@@ -22,11 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from training.dataplane.autoscale import policy_for
 from training.launcher import roles
-from training.launcher.local_tier import LocalDataTier
+from training.launcher.local_tier import LocalDataTier, reports_serving
 from training.launcher.peers import LOOPBACK
 from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
 from training.outcome import clear_outcomes, read_host_outcome
@@ -146,16 +145,11 @@ def wait_healthy(address: str, child: Child, timeout_s: float, sup: Supervisor) 
     timeout."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if child.returncode is not None or sup.stop_signal is not None:
                 return False
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.RpcError:
-                pass  # not listening yet
+            if reports_serving(channel, timeout_s=1.0):
+                return True
             time.sleep(0.2)
     raise LocalRunError(f"data server {address} did not report healthy within {timeout_s:.0f}s")
 

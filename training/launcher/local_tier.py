@@ -167,15 +167,21 @@ class LocalDataTier:
             self._stop(self._starting.pop())
 
 
-def _serving(address: str) -> bool:
+def reports_serving(channel: grpc.Channel, timeout_s: float) -> bool:
+    """One standard health check over ``channel``: True when the server answers SERVING (False
+    when it does not, or is not listening yet)."""
     try:
-        with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=0.5
-            )
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
+        )
     except grpc.RpcError:
         return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        return reports_serving(channel, timeout_s=0.5)
 
 
 def _shutdown(address: str) -> None:
