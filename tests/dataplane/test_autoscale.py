@@ -5,7 +5,9 @@ the servers' busy share, and asserts the exact decisions (from, to) and when non
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -283,7 +285,10 @@ def test_a_failed_change_is_recorded_and_the_count_kept(tmp_path: Path) -> None:
     assert d.reason.endswith("; AccessDenied") and scaler.count == 1
 
 
-def test_the_asg_backend_sets_and_reads_the_desired_capacity() -> None:
+@contextlib.contextmanager
+def elastic_group(desired: int) -> Iterator[Any]:
+    """Moto's EC2 and Auto Scaling with the group ``elastic-dataprep`` (min 1, max 5) at
+    ``desired`` instances; yields the Auto Scaling client."""
     with mock_aws():
         ec2 = boto3.client("ec2", region_name="eu-west-1")
         asg = boto3.client("autoscaling", region_name="eu-west-1")
@@ -296,8 +301,13 @@ def test_the_asg_backend_sets_and_reads_the_desired_capacity() -> None:
         asg.create_auto_scaling_group(
             AutoScalingGroupName="elastic-dataprep",
             LaunchTemplate={"LaunchTemplateName": "elastic"},
-            MinSize=1, MaxSize=5, DesiredCapacity=2, VPCZoneIdentifier=subnet,
+            MinSize=1, MaxSize=5, DesiredCapacity=desired, VPCZoneIdentifier=subnet,
         )  # fmt: skip
+        yield asg
+
+
+def test_the_asg_backend_sets_and_reads_the_desired_capacity() -> None:
+    with elastic_group(desired=2) as asg:
         actuator = AsgActuator("elastic-dataprep", client=asg)
         assert actuator.current() == 2
         actuator.set(4)
@@ -309,20 +319,7 @@ def test_the_asg_backend_sets_and_reads_the_desired_capacity() -> None:
 def test_the_asg_scale_in_takes_the_leaving_instance_first() -> None:
     """A Spot notice already takes one instance away: the scale-in terminates that one (and
     decrements the desired count), so Auto Scaling does not pick a healthy one besides."""
-    with mock_aws():
-        ec2 = boto3.client("ec2", region_name="eu-west-1")
-        asg = boto3.client("autoscaling", region_name="eu-west-1")
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
-        ec2.create_launch_template(
-            LaunchTemplateName="elastic",
-            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
-        )
-        asg.create_auto_scaling_group(
-            AutoScalingGroupName="elastic-dataprep",
-            LaunchTemplate={"LaunchTemplateName": "elastic"},
-            MinSize=1, MaxSize=5, DesiredCapacity=3, VPCZoneIdentifier=subnet,
-        )  # fmt: skip
+    with elastic_group(desired=3) as asg:
 
         def members() -> list[str]:
             g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["elastic-dataprep"])

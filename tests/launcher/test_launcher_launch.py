@@ -211,14 +211,10 @@ def test_exit_code_mirrors_a_failing_role(tmp_path: Path) -> None:
     assert result.survivors() == []
 
 
-def test_ec2_trainer_plan_from_imds_tags_and_describe_instances(
-    spec_path: Path,
-    tmp_path: Path,
-    fake_imds: FakeImds,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://bucket/checkpoints/vit-test/")
+def ec2_trainer_dry_run(spec_path: Path, tmp_path: Path, fake_imds: FakeImds) -> int:
+    """``hetero launch --dry-run`` on the second of two trainer instances (10.0.0.40, .41) with
+    two dataprep instances (.50, .51), all tagged in moto's EC2; its exit code (the plan is on
+    stdout)."""
     with mock_aws():
         client = boto3.client("ec2", region_name="us-west-2")
         vpc = client.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
@@ -230,13 +226,23 @@ def test_ec2_trainer_plan_from_imds_tags_and_describe_instances(
         launch(ec2, "10.0.0.51", "dataprep")
         tag_imds(fake_imds, "trainer")
         fake_imds.set("/latest/meta-data/instance-id", me)
-        code = main(
+        return main(
             [
                 "launch", "--spec", str(spec_path), "--resourceconfig", str(tmp_path / "no"),
                 "--imds-url", fake_imds.url, "--dry-run",
             ]
         )  # fmt: skip
-    assert code == 0
+
+
+def test_ec2_trainer_plan_from_imds_tags_and_describe_instances(
+    spec_path: Path,
+    tmp_path: Path,
+    fake_imds: FakeImds,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://bucket/checkpoints/vit-test/")
+    assert ec2_trainer_dry_run(spec_path, tmp_path, fake_imds) == 0
     out = capsys.readouterr().out
     assert "--nnodes 2 --node-rank 1 --master-addr 10.0.0.40 --master-port " in out
     # Hosts wait for each other a minute at most (torchrun's static rendezvous waits 600 s).
@@ -283,21 +289,6 @@ def test_ec2_trainer_of_an_elastic_group_scales_its_auto_scaling_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://bucket/checkpoints/vit-test/")
-    with mock_aws():
-        client = boto3.client("ec2", region_name="us-west-2")
-        vpc = client.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        subnet = client.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
-        me = launch((client, subnet), "10.0.0.40", "trainer")
-        launch((client, subnet), "10.0.0.41", "trainer")
-        launch((client, subnet), "10.0.0.50", "dataprep")
-        tag_imds(fake_imds, "trainer")
-        fake_imds.set("/latest/meta-data/instance-id", me)
-        code = main(
-            [
-                "launch", "--spec", str(_elastic(spec_path)), "--resourceconfig",
-                str(tmp_path / "no"), "--imds-url", fake_imds.url, "--dry-run",
-            ]
-        )  # fmt: skip
-    assert code == 0
+    assert ec2_trainer_dry_run(_elastic(spec_path), tmp_path, fake_imds) == 0
     out = capsys.readouterr().out
     assert "--autoscale asg:vit-test-dataprep" in out
