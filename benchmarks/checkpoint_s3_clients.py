@@ -171,6 +171,37 @@ def _tensors(obj: Any) -> list[Any]:
     return []
 
 
+def connector_comparison(
+    args: argparse.Namespace,
+    requirement: str,
+    compare: Callable[[argparse.Namespace, str, Path], dict[str, Any]],
+) -> dict[str, Any] | None:
+    """``compare(args, bucket_uri, work_dir)`` against a moto S3 server of its own, with the
+    run's facts (config, load, the connector's version, the target); None, after saying how to
+    install it (``pip install ... REQUIREMENT``), when s3torchconnector is missing."""
+    from benchmarks.checkpoint import moto_s3
+
+    try:
+        import s3torchconnector
+    except ImportError:
+        print(
+            "s3torchconnector is not installed: pip install --constraint "
+            f"containers/constraints.txt {requirement}",
+            file=sys.stderr,
+        )
+        return None
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp, moto_s3() as bucket:
+        result = compare(args, bucket, Path(tmp))
+    return {
+        "config": vars(args),
+        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
+        "s3torchconnector": getattr(s3torchconnector, "__version__", "?"),
+        "target": "s3 (moto on 127.0.0.1, own process)",
+        **result,
+    }
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="vit_base_patch16_224", help="timm name or preset")
     p.add_argument("--image-size", type=int, default=224)
@@ -184,7 +215,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from benchmarks.checkpoint import moto_s3
     from benchmarks.trainer_common import write_result
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks checkpoint_s3_clients")
@@ -192,25 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    try:
-        import s3torchconnector
-    except ImportError:
-        print(
-            "s3torchconnector is not installed: pip install --constraint "
-            "containers/constraints.txt 's3torchconnector[dcp]'",
-            file=sys.stderr,
-        )
+    result = connector_comparison(args, "'s3torchconnector[dcp]'", compare)
+    if result is None:
         return 2
-    load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp, moto_s3() as bucket:
-        result = compare(args, bucket, Path(tmp))
-    result = {
-        "config": vars(args),
-        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
-        "s3torchconnector": getattr(s3torchconnector, "__version__", "?"),
-        "target": "s3 (moto on 127.0.0.1, own process)",
-        **result,
-    }
     table = Table(title=f"checkpoint S3 clients: {args.model}, {result['state_mb']:.0f} MB state")
     for col in ("client", "save to marker s (median)", "MB/s", "load s (median)", "MB/s"):
         table.add_column(col, justify="left" if col == "client" else "right")

@@ -28,10 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -142,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from benchmarks.checkpoint import moto_s3
+    from benchmarks.checkpoint_s3_clients import connector_comparison
     from benchmarks.trainer_common import write_result
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks shard_read_clients")
@@ -151,25 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("shards", "shard_mb", "concurrency", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    try:
-        import s3torchconnector
-    except ImportError:
-        print(
-            "s3torchconnector is not installed: pip install --constraint "
-            "containers/constraints.txt s3torchconnector",
-            file=sys.stderr,
-        )
+    result = connector_comparison(
+        args, "s3torchconnector", lambda a, bucket, work: {"clients": compare(a, bucket, work)}
+    )
+    if result is None:
         return 2
-    load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp, moto_s3() as bucket:
-        rows = compare(args, bucket, Path(tmp))
-    result = {
-        "config": vars(args),
-        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
-        "s3torchconnector": getattr(s3torchconnector, "__version__", "?"),
-        "target": "s3 (moto on 127.0.0.1, own process)",
-        "clients": rows,
-    }
+    rows = result["clients"]
     table = Table(
         title=f"shard reads: {args.shards} x {args.shard_mb} MB, {args.concurrency} at once"
     )
