@@ -35,6 +35,7 @@ nothing (SageMaker: the decision is logged, the count stays).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -516,10 +517,12 @@ class Autoscaler:
                 except Exception as e:
                     log.error("data-tier controller: could not set %d: %s", decision.to_count, e)
                     self.controller.revert(decision.from_count, obs.time)
-                    decision = _replace(decision, acted=False, reason=f"{decision.reason}; {e}")
+                    decision = dataclasses.replace(
+                        decision, acted=False, reason=f"{decision.reason}; {e}"
+                    )
             else:
                 self.controller.revert(decision.from_count, obs.time)
-                decision = _replace(decision, acted=False)
+                decision = dataclasses.replace(decision, acted=False)
         self.record(decision)
 
     def record(self, decision: Decision) -> None:
@@ -537,12 +540,6 @@ class Autoscaler:
                 self._on_decision(decision)
             except Exception:
                 log.exception("data-tier controller: recording a decision failed")
-
-
-def _replace(decision: Decision, **changes: Any) -> Decision:
-    import dataclasses
-
-    return dataclasses.replace(decision, **changes)
 
 
 def read_decisions(path: Path) -> Sequence[dict[str, Any]]:

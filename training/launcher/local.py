@@ -198,28 +198,27 @@ def run_local(
             if tier is not None:
                 tier.finish()
                 servers = tier.started
+                summary.data_servers_stopped_before_serving = sorted(tier.stopped)
+            early = set(summary.data_servers_stopped_before_serving)
             if summary.trainer_exit_code is not None and sup.stop_signal is None:
                 # The trainer's rank 0 sends Shutdown to every server; they should exit now.
-                stopped = tier.stopped if tier is not None else set()
                 summary.servers_stopped_by_trainer = sup.wait_all(server_exit_timeout_s) and all(
-                    c.returncode == 0 for a, c in servers if a not in stopped
+                    c.returncode == 0 for a, c in servers if a not in early
                 )
                 if servers and not summary.servers_stopped_by_trainer:
                     log.warning("data servers did not all stop after training; stopping them")
         sup.shutdown(grace_s)
         summary.data_servers = {addr: c.returncode for addr, c in servers}
-        if tier is not None:
-            summary.data_servers_stopped_before_serving = sorted(tier.stopped)
         if sup.stop_signal is not None:
             summary.stopped_by = sup.stop_reason
             summary.exit_code = exit_code_for_signal(sup.stop_signal)
         elif summary.trainer_exit_code is not None:
             summary.exit_code = summary.trainer_exit_code
-            stopped = tier.stopped if tier is not None else set()
+            early = set(summary.data_servers_stopped_before_serving)
             failed = {
                 a: c
                 for a, c in summary.data_servers.items()
-                if c not in (0, None) and a not in stopped
+                if c not in (0, None) and a not in early
             }
             if summary.exit_code == 0 and failed and not summary.servers_stopped_by_trainer:
                 log.error("data servers failed: %s (logs in %s)", failed, logs)
