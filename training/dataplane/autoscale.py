@@ -286,7 +286,8 @@ class Actuator(Protocol):
 
 
 class ReportOnly:
-    """SageMaker's instance groups are fixed for the job: the controller logs what it would do."""
+    """SageMaker: a job's instance groups are given when it is created (``CreateTrainingJob``);
+    the controller does not change them, it logs what it would do."""
 
     acts = False
 
@@ -300,7 +301,7 @@ class ReportOnly:
         pass
 
     def describe(self) -> str:
-        return "report only (the instance groups of a SageMaker job are fixed)"
+        return "report only (a SageMaker job keeps the instance groups it was created with)"
 
 
 class FileActuator:
