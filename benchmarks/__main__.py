@@ -22,7 +22,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "trainer_gpu": (
         "benchmarks.trainer_gpu",
-        "ViT-B/16 bf16 samples/s and MFU (--device cpu: smoke)",
+        "ViT-B/16 bf16 images/s, MFU, memory vs a bare loop, compile off/on (--device cpu: smoke)",
+    ),
+    "gpu_input": (
+        "benchmarks.gpu_input",
+        "trainer fed by data servers on loopback vs in memory: data-wait, receive CPU per image",
     ),
     "offload": (
         "benchmarks.offload",

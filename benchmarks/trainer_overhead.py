@@ -36,8 +36,11 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def bare_loop(spec: Any, steps: int, warmup: int) -> float:
-    """samples/s of the plainest loop: one uint8 batch, normalised on the device each step."""
+def bare_loop(spec: Any, steps: int, warmup: int, *, pinned: bool = False) -> float:
+    """samples/s of the plainest loop: one uint8 batch, normalised on the device each step;
+    ``pinned``: the batch sits in page-locked memory (on a GPU; a bare loop's best case), else
+    in ordinary pageable memory. With ``job.compile`` each block is compiled, as the Trainer
+    does, so the two compare like for like."""
     import timm.data
     import torch
     import torch.nn.functional as F
@@ -50,11 +53,14 @@ def bare_loop(spec: Any, steps: int, warmup: int) -> float:
     bf16 = config.bf16 and device.type == "cuda"
     model = build_model(config.model, seed=0).to(device)
     if config.compile:
-        model.compile()
+        for block in model.blocks:  # timm's ViT blocks, compiled one by one
+            block.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=config.spec.job.lr)
     s, b = config.model.image_size, config.batch_size
     images = torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8)
     labels = torch.randint(0, config.model.num_classes, (b,))
+    if pinned and device.type == "cuda":
+        images, labels = images.pin_memory(), labels.pin_memory()
     mean = torch.tensor(timm.data.IMAGENET_DEFAULT_MEAN, device=device).view(1, 3, 1, 1)
     std = torch.tensor(timm.data.IMAGENET_DEFAULT_STD, device=device).view(1, 3, 1, 1)
     started = 0.0

@@ -8,13 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "benchmarks", "trainer_gpu", "--device", "cpu", "--steps", "2",
-        "--model", "vit-cpu-tiny", "--image-size", "32", "--batch-size", "4",
+        "--warmup", "1", "--model", "vit-cpu-tiny", "--image-size", "32", "--batch-size", "4",
+        "--compile", "off", "--rounds", "2", "--eval-batches", "2",
     ]  # fmt: skip
     env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -23,6 +26,30 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
     assert result["device"] == "cpu" and result["samples_per_s"] > 0
     assert result["mfu"] is None  # No peak-FLOPs figure for a CPU.
     assert result["machine"]["cpu_cores"] >= 1
+    # One configuration (no largest batch on a CPU): two interleaved bare/trainer rounds, the
+    # ratio their median, the pageable bare loop once, validation timed.
+    [config] = result["configurations"]
+    assert (config["batch_size"], config["compile"]) == (4, False)
+    ratios = sorted(r["trainer"]["samples_per_s"] / r["bare"] for r in config["rounds"])
+    assert len(ratios) == 2 and config["ratio"] == pytest.approx(sum(ratios) / 2)
+    assert [r["bare_pageable"] is not None for r in config["rounds"]] == [True, False]
+    assert result["eval_images_per_s"] > 0
+    assert not (tmp_path / "throughput.json").exists()  # the planner's store: GPU runs only
+
+
+def test_gpu_input_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "benchmarks", "gpu_input", "--device", "cpu", "--quick"]
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_input_cpu_smoke.json").read_text())
+    fed, synthetic = result["fed"], result["synthetic"]
+    assert result["server_exit_codes"] == [0]  # the trainer's Shutdown ended the server
+    assert fed["samples_per_s"] > 0 and synthetic["samples_per_s"] > 0
+    assert result["fed_over_synthetic"] == fed["samples_per_s"] / synthetic["samples_per_s"]
+    assert result["images_per_run"] == (1 + 3) * 8
+    per_image = (fed["trainer_cpu_s"] - synthetic["trainer_cpu_s"]) / result["images_per_run"]
+    assert result["receive_cpu_ms_per_image"] == pytest.approx(per_image * 1e3)
 
 
 def test_checkpoint_benchmark_smoke(tmp_path: Path) -> None:

@@ -257,8 +257,8 @@ class Trainer:
         return self.schedule.at(step)
 
     def normalise(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW on the host -> normalised float on the device."""
-        x = images.to(self.device, non_blocking=True).float().div_(255)
+        """uint8 NCHW on the host -> normalised float on the device (``to_device``)."""
+        x = to_device(images, self.device).float().div_(255)
         return x.sub_(self._mean).div_(self._std)
 
     @contextlib.contextmanager
@@ -284,7 +284,7 @@ class Trainer:
                 sample_ids=torch.full((1,), -1, dtype=torch.int64),
             )
         images = self.normalise(batch.images)
-        labels = batch.labels.to(self.device, non_blocking=True)
+        labels = to_device(batch.labels, self.device)
         if self.recipe.active:
             images, labels = self.recipe.apply(images, labels, step=self.step + 1, micro=micro)
         with (
@@ -550,6 +550,17 @@ class Trainer:
         self.checkpointer.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``. To a GPU the copy goes through page-locked memory, so it is queued
+    behind the step in flight and the host goes on: a copy from pageable memory may first wait
+    for the GPU to finish its queued work (CUDA's "API synchronization behavior"), which leaves
+    the GPU idle while the host then launches the next step. The staging buffer comes from
+    torch's caching host allocator, which reuses it only after the copy has completed."""
+    if device.type == "cuda" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def _local_bytes(t: torch.Tensor) -> int:

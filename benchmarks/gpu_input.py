@@ -1,0 +1,216 @@
+"""The input path at a GPU's rate: the real trainer fed by real data servers on the same host.
+
+Two runs of the trainer entry point (``python -m training.trainer``), same model, batch and
+steps (ViT-B/16, bf16, 224 px, batch 256 by default):
+
+A. in-memory synthetic batches (``--synthetic-data``): the GPU's own rate, no input path;
+B. fed over loopback gRPC by as many data servers as the host's cores allow (two cores kept for
+   the trainer; two augmentation workers per server), each decoding and augmenting JPEGs
+   (the synthetic source: 256 px JPEGs, RandomResizedCrop to 224 and a flip).
+
+From each: steady-state images/s and data-wait share (the trainer's summary), and the trainer
+process's CPU-seconds (``getrusage`` of the child once it has exited). B's extra CPU per image
+over A is what receiving costs the trainer host (gRPC, unpacking, the copy into page-locked
+memory). B/A near 1 with a data-wait share near 0 means the host takes batches as fast as the
+GPU consumes them and the host-to-device copies do not stall the steps. Usage: ``python -m
+benchmarks gpu_input`` (``--device cpu --quick``: a smoke run anywhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+def write_spec(path: Path, args: argparse.Namespace, checkpoints: Path) -> Path:
+    """The spec both runs and the servers share; validated before any process starts."""
+    from training.spec import load_spec
+
+    samples = (args.warmup + args.steps + 4) * args.batch_size
+    overrides = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.overrides.items())
+    path.write_text(
+        f"""name = "bench-gpu-input"
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["p5.48xlarge"]
+count = 1
+[[groups]]
+name = "dataprep"
+role = "dataprep"
+instance_types = ["c6i.4xlarge"]
+count = {args.servers}
+[job]
+batch_size = {args.batch_size}
+steps = {args.warmup + args.steps}
+precision = "bf16"
+log_every_steps = {args.warmup}
+augmentation = "standard"
+[job.model]
+name = "{args.model}"
+overrides = {{ {overrides} }}
+[job.dataset]
+source = "synthetic"
+num_samples = {samples}
+num_classes = 1000
+image_size = {args.image_size}
+[job.checkpoint]
+interval_steps = {1 << 30}
+dir = "{checkpoints}"
+[job.dataplane]
+workers_per_server = {args.workers}
+"""
+    )
+    load_spec(path)
+    return path
+
+
+def run_trainer(spec: Path, run_dir: Path, extra: Sequence[str], timeout_s: float,
+                env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """The trainer entry point as a child; its summary with its CPU-seconds added."""
+    cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir",
+           str(run_dir), "--checkpoint-dir", str(run_dir / "checkpoints"), "--log-level",
+           "WARNING", "--no-emf", *extra]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s,
+                          check=False)  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary_path = run_dir / "summary.json"
+    if proc.returncode != 0 or not summary_path.exists():
+        raise RuntimeError(
+            f"trainer exited with code {proc.returncode}: {' '.join(cmd)}\n{proc.stderr[-3000:]}"
+        )
+    summary: dict[str, Any] = json.loads(summary_path.read_text())
+    summary["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    summary["process_wall_s"] = time.perf_counter() - started
+    return summary
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from training.dataplane.processes import start_server_process
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    images = (args.warmup + args.steps) * args.batch_size
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-input-") as tmp:
+        work = Path(tmp)
+        spec = write_spec(work / "spec.toml", args, work / "checkpoints")
+        print("A: synthetic batches in memory ...", flush=True)
+        synthetic = run_trainer(spec, work / "a", ["--synthetic-data"], args.timeout, env)
+        print(f"  {synthetic['samples_per_s']:,.1f} images/s", flush=True)
+        print(f"B: {args.servers} data servers x {args.workers} workers on loopback ...",
+              flush=True)  # fmt: skip
+        with ThreadPoolExecutor(args.servers) as pool:
+            servers = list(pool.map(
+                lambda _: start_server_process(spec, workers=args.workers,
+                                               timeout_s=args.timeout),
+                range(args.servers),
+            ))  # fmt: skip
+        try:
+            addresses = ",".join(s.address for s in servers)
+            fed = run_trainer(spec, work / "b", ["--data-servers", addresses], args.timeout, env)
+        finally:
+            # The trainer sends Shutdown at job end; stop() waits (or kills after a failure).
+            codes = [s.stop(timeout_s=20.0) for s in servers]
+        print(f"  {fed['samples_per_s']:,.1f} images/s, data-wait "
+              f"{fed['data_wait_share'] * 100:.1f}%", flush=True)  # fmt: skip
+    receive = (fed["cpu_s"] - synthetic["cpu_s"]) / images
+    return {
+        "config": {k: v for k, v in vars(args).items()},
+        "cores": len(os.sched_getaffinity(0)),
+        "images_per_run": images,
+        "synthetic": _row(synthetic, images),
+        "fed": _row(fed, images),
+        "server_exit_codes": codes,
+        "fed_over_synthetic": fed["samples_per_s"] / synthetic["samples_per_s"],
+        "receive_cpu_ms_per_image": receive * 1e3,
+    }
+
+
+def _row(summary: dict[str, Any], images: int) -> dict[str, Any]:
+    return {
+        "samples_per_s": float(summary["samples_per_s"]),
+        "step_time_s": float(summary["step_time_s"]),
+        "data_wait_share": summary.get("data_wait_share"),
+        "gpu_util_pct": summary.get("gpu_util_pct"),
+        "host_cpu_pct": summary.get("host_cpu_pct"),
+        "trainer_cpu_s": summary["cpu_s"],
+        "trainer_cpu_ms_per_image": summary["cpu_s"] / images * 1e3,
+        "measured_steps": summary.get("measured_steps"),
+    }
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    cores = len(os.sched_getaffinity(0))
+    p.add_argument("--model", default="vit_base_patch16_224")
+    p.add_argument("--overrides", type=json.loads, default={}, help="timm overrides (JSON)")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--steps", type=int, default=32, help="timed steps")
+    p.add_argument("--warmup", type=int, default=8, help="untimed steps first")
+    p.add_argument("--workers", type=int, default=2, help="augmentation workers per server")
+    p.add_argument(
+        "--servers",
+        type=int,
+        default=max(1, (cores - 2) // 2),
+        help="data servers (default: the host's cores less two, over --workers)",
+    )
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke mode: a tiny ViT at 32 px, batch 8, 3 steps, 1 server",
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per process")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from benchmarks.trainer_common import write_result
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu_input", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.image_size, args.batch_size = "vit_tiny_patch16_224", 32, 8
+        args.overrides = {"img_size": 32, "patch_size": 8, "depth": 1, "embed_dim": 32,
+                          "num_heads": 2}  # fmt: skip
+        args.steps, args.warmup, args.servers, args.workers = 3, 1, 1, 1
+    result = run(args)
+    table = Table(title=f"input path: {args.model} at {args.image_size} px, batch "
+                  f"{args.batch_size}, {args.device}")  # fmt: skip
+    for col in ("input", "images/s", "data-wait", "trainer CPU ms/image", "GPU util"):
+        table.add_column(col, justify="right")
+    for label, row in (("A in memory", result["synthetic"]),
+                       (f"B {args.servers} servers, loopback gRPC", result["fed"])):  # fmt: skip
+        util = row["gpu_util_pct"]
+        table.add_row(
+            label, f"{row['samples_per_s']:,.0f}", f"{row['data_wait_share'] * 100:.1f}%",
+            f"{row['trainer_cpu_ms_per_image']:.3f}", "-" if util is None else f"{util:.0f}%",
+        )  # fmt: skip
+    Console().print(table)
+    print(f"B/A {result['fed_over_synthetic']:.3f}; receive CPU "
+          f"{result['receive_cpu_ms_per_image']:.3f} ms per image")  # fmt: skip
+    name = "gpu_input" if args.device == "cuda" else "gpu_input_cpu_smoke"
+    path = write_result(name, result)
+    print(json.dumps({k: result[k] for k in ("fed_over_synthetic", "receive_cpu_ms_per_image")}),
+          f"-> {path}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
