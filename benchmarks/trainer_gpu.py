@@ -373,7 +373,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
-    p.add_argument("--warmup", type=int, default=6, help="untimed steps first")
+    p.add_argument(
+        "--warmup", type=int, default=10, help="untimed steps first (also the log interval)"
+    )
     p.add_argument("--rounds", type=int, default=2, help="bare/trainer pairs per configuration")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--compile", choices=["off", "on", "both"], default="both")

@@ -76,7 +76,10 @@ class SyntheticBatches:
         world_size: int = 1,
         epochs: int | None = None,
         pool_size: int = 256,
+        pin_memory: bool = False,
     ) -> None:
+        """``pin_memory``: make each batch in page-locked memory (for a GPU: no copy into it
+        before the transfer, and no fresh pages to fault in for every batch)."""
         self.num_samples = num_samples
         self.num_classes = num_classes
         self.batch_size = batch_size
@@ -84,6 +87,7 @@ class SyntheticBatches:
         self.rank = rank
         self.world_size = world_size
         self.epochs = epochs
+        self.pin_memory = pin_memory
         self.batches_per_epoch, self._positions = rank_positions(
             num_samples, rank, world_size, batch_size
         )
@@ -110,11 +114,11 @@ class SyntheticBatches:
             raise EndOfData
         ids = self._sample_ids()
         self._batch += 1
-        return Batch(
-            images=self._pool.index_select(0, ids % self._pool.shape[0]),
-            labels=ids % self.num_classes,
-            sample_ids=ids,
+        images = torch.empty(
+            (len(ids), *self._pool.shape[1:]), dtype=torch.uint8, pin_memory=self.pin_memory
         )
+        torch.index_select(self._pool, 0, ids % self._pool.shape[0], out=images)
+        return Batch(images=images, labels=ids % self.num_classes, sample_ids=ids)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batch": self._batch}
@@ -185,8 +189,11 @@ class LocalBatches:
         self._iter = None
 
 
-def build_stream(config: TrainerConfig, *, rank: int, world_size: int) -> BatchStream:
-    """The input named by ``config.input`` for this rank."""
+def build_stream(
+    config: TrainerConfig, *, rank: int, world_size: int, pin_memory: bool = False
+) -> BatchStream:
+    """The input named by ``config.input`` for this rank (``pin_memory``: synthetic batches
+    made in page-locked memory, for a GPU)."""
     job = config.spec.job
     if config.input.kind is InputKind.SYNTHETIC:
         return SyntheticBatches(
@@ -198,6 +205,7 @@ def build_stream(config: TrainerConfig, *, rank: int, world_size: int) -> BatchS
             rank=rank,
             world_size=world_size,
             epochs=config.epochs,
+            pin_memory=pin_memory,
         )
     if config.input.kind is InputKind.LOCAL:
         return LocalBatches(job, rank=rank, world_size=world_size, epochs=config.epochs)

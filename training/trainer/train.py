@@ -147,7 +147,10 @@ class Trainer:
         )  # fmt: skip
         job = config.spec.job
         self.optimizer = build_optimizer(self.model, job)
-        self.stream = stream or build_stream(config, rank=self.rank, world_size=self.world_size)
+        self.stream = stream or build_stream(
+            config, rank=self.rank, world_size=self.world_size,
+            pin_memory=self.device.type == "cuda",
+        )  # fmt: skip
         self.autoscaler = build_autoscaler(config, self.stream, self.rank)
         self.schedule = LearningRate(self.optimizer, job, self._planned_steps())
         self.recipe = BatchRecipe(job, num_classes=config.model.num_classes, device=self.device)
