@@ -213,7 +213,9 @@ def _child_args(args: argparse.Namespace, batch: int, compile: bool, first: bool
         "--compile", "on" if compile else "off", "--device", args.device,
     ]  # fmt: skip
     # The first configuration also times the bare loop from pageable memory and validation.
-    return [*out, "--pageable", "--eval-batches", str(args.eval_batches)] if first else out
+    if first:
+        return [*out, "--pageable", "--eval-batches", str(args.eval_batches)]
+    return [*out, "--eval-batches", "0"]
 
 
 def run_child(
@@ -364,6 +366,18 @@ def store_entry(result: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     return entry
 
 
+def store_default(result: dict[str, Any], args: argparse.Namespace, results: Path) -> Path:
+    """Merge the default configuration's entry into the results store beside ``results``
+    (written as soon as it is measured: a run cut short keeps it)."""
+    from training.planner.bench import merge
+    from training.planner.results import THROUGHPUT_FILE, read_throughput
+
+    store = results / THROUGHPUT_FILE
+    merge(store, [store_entry(result, args)], [])
+    read_throughput(store)  # What was written reads back.
+    return store
+
+
 def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f} GiB"
 
@@ -402,7 +416,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.trainer_common import write_result
 
     name = "trainer_gpu" if args.device == "cuda" else "trainer_gpu_cpu_smoke"
-    result = run(args, save=lambda partial: write_result(name, partial))
+    stored: list[Path] = []
+
+    def save(partial: dict[str, Any]) -> None:
+        path = write_result(name, partial)
+        if args.device == "cuda" and not args.no_store and not stored:
+            stored.append(store_default(partial, args, path.parent))
+
+    result = run(args, save=save)
     table = Table(title=f"{args.model} {args.precision} on {result['device']}: our Trainer "
                   "against a bare timm + torch loop")  # fmt: skip
     for col in ("batch", "compile", "trainer images/s", "bare images/s", "ratio", "MFU",
@@ -426,14 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bare loop from pageable memory: {pageable:,.0f} images/s (pinned: "
               f"{result['configurations'][0]['bare_samples_per_s']:,.0f})")  # fmt: skip
     path = write_result(name, result)
-    if args.device == "cuda" and not args.no_store:
-        from training.planner.bench import merge
-        from training.planner.results import THROUGHPUT_FILE, read_throughput
-
-        store = path.parent / THROUGHPUT_FILE
-        merge(store, [store_entry(result, args)], [])
-        read_throughput(store)
-        print(f"-> {store}")
+    if stored:
+        print(f"-> {stored[0]}")
     print(json.dumps({k: result[k] for k in ("samples_per_s", "mfu", "ratio", "batch_size")}),
           f"-> {path}")  # fmt: skip
     return 0

@@ -48,8 +48,10 @@ def test_gpu_input_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
     assert fed["samples_per_s"] > 0 and synthetic["samples_per_s"] > 0
     assert result["fed_over_synthetic"] == fed["samples_per_s"] / synthetic["samples_per_s"]
     assert result["images_per_run"] == (1 + 3) * 8
-    per_image = (fed["trainer_cpu_s"] - synthetic["trainer_cpu_s"]) / result["images_per_run"]
-    assert result["receive_cpu_ms_per_image"] == pytest.approx(per_image * 1e3)
+    for row in (fed, synthetic):
+        assert row["trainer_cpu_s"] > 0 and row["measured_steps"] == 3
+        per_image = row["trainer_cpu_s"] / result["images_per_run"] * 1e3
+        assert row["trainer_cpu_ms_per_image"] == pytest.approx(per_image)
 
 
 def test_checkpoint_benchmark_smoke(tmp_path: Path) -> None:
@@ -95,3 +97,61 @@ def test_checkpoint_s3_clients_benchmark_smoke_or_names_the_missing_package(
     for row in result["clients"]:
         assert row["save_s_median"] > 0 and row["load_s_median"] > 0
         assert row["checkpoint_mb"] > 0
+
+
+def test_the_largest_batch_is_predicted_from_one_runs_peak_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(REPO))  # benchmarks/ is a folder of the repo, not installed
+    from benchmarks.trainer_gpu import predicted_largest
+
+    gib = 2**30
+    # 1 GiB of weights, gradients and optimizer state; 256 images took 16 GiB more at the peak
+    # (1/16 GiB each); 80 GiB x 0.88 leaves 69.4 GiB for activations: 1,110 images, so 1,088.
+    run = {"state_bytes": gib, "trainer_peak_bytes": 17 * gib}
+    assert predicted_largest(run, 80 * gib, 256) == 1088
+    # Never below the batch that ran.
+    assert predicted_largest(run, 18 * gib, 256) == 256
+
+
+def test_the_gpu_rate_goes_where_the_planner_calibrates_its_mfu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default configuration's rate becomes the store's entry for the GPU model; hetero
+    plan then estimates another GPU from that run's MFU and names the calibration."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks.trainer_gpu import FLOPS_PER_IMAGE_224, add_arguments, store_default
+    from training.planner.facts import Facts
+    from training.planner.results import load_measured
+    from training.planner.throughput import gpu_throughput
+    from training.planner.workload import workload_from_spec
+    from training.spec import load_spec
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    rate = 2500.0
+    config = {"batch_size": 256, "compile": False, "trainer_samples_per_s": rate,
+              "step_time_s": 0.1024, "mfu": rate * FLOPS_PER_IMAGE_224 / 989e12}  # fmt: skip
+    result = {"device": "NVIDIA H100 80GB HBM3", "configurations": [config]}
+    store = store_default(result, args, tmp_path)
+    [entry] = json.loads(store.read_text())["results"]
+    assert (entry["device"], entry["model"], entry["image_size"], entry["precision"]) == (
+        "H100", "vit_base_patch16_224", 224, "bf16",
+    )  # fmt: skip
+    assert entry["samples_per_s_per_device"] == rate and entry["batch_size"] == 256
+
+    spec = load_spec(REPO / "cluster.toml")  # ViT-B/16 at 224 px, bf16
+    facts, measured = Facts(), load_measured(tmp_path)
+    workload = workload_from_spec(spec)
+    h100 = gpu_throughput("p5.48xlarge", workload, facts, measured)
+    assert h100.measured and h100.samples_per_s == rate
+    a10g = gpu_throughput("g5.xlarge", workload, facts, measured)
+    mfu = rate * workload.train_flops_per_sample / facts.gpu_peaks["H100"].bf16
+    assert not a10g.measured
+    assert a10g.samples_per_s == pytest.approx(
+        facts.gpu_peaks["A10G"].bf16 * mfu / workload.train_flops_per_sample
+    )
+    assert f"MFU {mfu:.3g} calibrated on 1 measured GPU run(s)" in a10g.source
