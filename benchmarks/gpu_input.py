@@ -9,7 +9,8 @@ B. fed over loopback gRPC by as many data servers as the host's cores allow (two
    (the synthetic source: 256 px JPEGs, RandomResizedCrop to 224 and a flip).
 
 From each: steady-state images/s, data-wait share and GPU utilisation (the trainer's summary),
-and the trainer process's CPU-seconds per image (``getrusage`` of the child once it has exited).
+and the trainer process's CPU-seconds per image (``offload.trainer_summary``: ``getrusage`` of the
+child once it has exited).
 On a GPU that CPU time is mostly the CUDA driver waiting for the GPU (it spins while the host
 is ahead), so it bounds the host's cost from above and is not the receive cost itself; the
 receive CPU per image is measured apart by ``python -m benchmarks dataplane``. B/A near 1 with
@@ -24,11 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -78,29 +75,8 @@ workers_per_server = {args.workers}
     return path
 
 
-def run_trainer(spec: Path, run_dir: Path, extra: Sequence[str], timeout_s: float,
-                env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
-    """The trainer entry point as a child; its summary with its CPU-seconds added."""
-    cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir",
-           str(run_dir), "--checkpoint-dir", str(run_dir / "checkpoints"), "--log-level",
-           "WARNING", "--no-emf", *extra]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s,
-                          check=False)  # fmt: skip
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    summary_path = run_dir / "summary.json"
-    if proc.returncode != 0 or not summary_path.exists():
-        raise RuntimeError(
-            f"trainer exited with code {proc.returncode}: {' '.join(cmd)}\n{proc.stderr[-3000:]}"
-        )
-    summary: dict[str, Any] = json.loads(summary_path.read_text())
-    summary["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    summary["process_wall_s"] = time.perf_counter() - started
-    return summary
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.offload import trainer_summary
     from training.dataplane.processes import start_server_process
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -111,7 +87,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         work = Path(tmp)
         spec = write_spec(work / "spec.toml", args, work / "checkpoints")
         print("A: synthetic batches in memory ...", flush=True)
-        synthetic = run_trainer(spec, work / "a", ["--synthetic-data"], args.timeout, env)
+        synthetic = trainer_summary(
+            spec, work / "a", None, args.timeout, ["--synthetic-data"], env=env
+        )
         print(f"  {synthetic['samples_per_s']:,.1f} images/s", flush=True)
         print(f"B: {args.servers} data servers x {args.workers} workers on loopback ...",
               flush=True)  # fmt: skip
@@ -123,7 +101,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ))  # fmt: skip
         try:
             addresses = ",".join(s.address for s in servers)
-            fed = run_trainer(spec, work / "b", ["--data-servers", addresses], args.timeout, env)
+            fed = trainer_summary(
+                spec, work / "b", None, args.timeout, ["--data-servers", addresses], env=env
+            )
         finally:
             # The trainer sends Shutdown at job end; stop() waits (or kills after a failure).
             codes = [s.stop(timeout_s=20.0) for s in servers]

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -156,18 +157,26 @@ def run_trainer(
 
 
 def trainer_summary(
-    spec: Path, run_dir: Path, core: int, timeout_s: float, extra: Sequence[str] = ()
+    spec: Path,
+    run_dir: Path,
+    core: int | None,
+    timeout_s: float,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The real trainer entry point (one rank: without torchrun it makes its own single-process
-    group, which spares a second torch import on the measured core), pinned to ``core``;
-    returns its summary. Its process group is killed if it overruns ``timeout_s``."""
+    group, which spares a second torch import on the measured core), pinned to ``core`` (None:
+    not pinned), in ``env`` (default ``child_env()``: one thread); returns its summary with
+    ``cpu_s``, the process's user + system CPU-seconds. Its process group is killed if it
+    overruns ``timeout_s``."""
     cmd = [sys.executable, "-m", "training.trainer", "--spec", str(spec), "--run-dir", str(run_dir)]
     # A checkpoint folder per run: a shared one would make the next run resume at the end.
     cmd += ["--checkpoint-dir", str(run_dir / "checkpoints"), "--log-level", "WARNING", *extra]
-    with pinned(core):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with pinned(core) if core is not None else contextlib.nullcontext():
         proc = subprocess.Popen(
-            cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
+            cmd, env=child_env() if env is None else env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
     try:
         output, _ = proc.communicate(timeout=timeout_s)
@@ -183,7 +192,10 @@ def trainer_summary(
         raise BenchmarkError(
             f"trainer exited with code {proc.returncode}: {' '.join(cmd)}\n{output[-3000:]}"
         )
+    # The child is reaped (communicate waited for it): its CPU time is in RUSAGE_CHILDREN.
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     summary: dict[str, Any] = json.loads(summary_path.read_text())
+    summary["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if not summary.get("measured_steps"):
         raise BenchmarkError(
             f"{summary_path} has no steady-state steps; raise --steps:\n{json.dumps(summary)}"

@@ -66,6 +66,24 @@ def bench_spec(
     )
 
 
+def trainer_run(spec: ClusterSpec, work: Path, *, steps: int | None = None) -> dict[str, Any]:
+    """Our Trainer in this process on in-memory synthetic batches (``steps``: stop there, as
+    ``--steps`` does), run dir and checkpoints under ``work``; its summary."""
+    from training.trainer.config import TrainerConfig
+    from training.trainer.train import Trainer
+
+    config = TrainerConfig.from_spec(
+        spec, run_dir=work / "run", synthetic=True, checkpoint_dir=work / "ckpt", steps=steps,
+        emf=False,
+    )  # fmt: skip
+    trainer = Trainer(config)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return dict(trainer.summary)
+
+
 def machine() -> dict[str, Any]:
     """Where the figures come from."""
     import torch

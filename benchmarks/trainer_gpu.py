@@ -77,21 +77,13 @@ def _peak() -> int | None:
     return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
 
 
-def trainer_run(spec: Any, work: Path) -> dict[str, Any]:
-    """One run of the Trainer on in-memory synthetic batches; its steady-state figures."""
-    from training.trainer.config import TrainerConfig
-    from training.trainer.train import Trainer
+def trainer_figures(spec: Any, work: Path) -> dict[str, Any]:
+    """One run of the Trainer on in-memory synthetic batches: its steady-state figures and
+    its peak GPU memory from the model's construction on."""
+    from benchmarks.trainer_common import trainer_run
 
-    config = TrainerConfig.from_spec(
-        spec, run_dir=work / "run", synthetic=True, checkpoint_dir=work / "ckpt", emf=False
-    )
     _peak_reset()
-    trainer = Trainer(config)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    s = trainer.summary
+    s = trainer_run(spec, work)
     memory = (s.get("memory_per_rank") or [{}])[0]
     return {
         "samples_per_s": float(s["samples_per_s"]),
@@ -158,7 +150,7 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
             pageable = None
             if args.pageable and i == 0:
                 pageable = bare_loop(spec, args.steps, args.warmup, pinned=False)
-            ours = trainer_run(spec, Path(tmp) / f"r{i}")
+            ours = trainer_figures(spec, Path(tmp) / f"r{i}")
             rounds.append({
                 "bare": bare, "bare_pageable": pageable, "bare_peak_bytes": bare_peak,
                 "trainer": ours, "ratio": ours["samples_per_s"] / bare,
@@ -345,7 +337,6 @@ def store_entry(result: dict[str, Any], args: argparse.Namespace) -> dict[str, A
         TrainerFigure,
         common_fields,
         gpu_model,
-        planned_params,
         trainer_record,
     )
 
@@ -360,7 +351,6 @@ def store_entry(result: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     )
     common = common_fields(spec, None, "python -m benchmarks trainer_gpu")
     entry = trainer_record(spec, figure, common)
-    entry["params"] = planned_params(spec)
     entry["mfu"] = default["mfu"]
     entry["compile"] = default["compile"]
     return entry

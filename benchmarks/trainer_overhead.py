@@ -82,19 +82,9 @@ def bare_loop(spec: Any, steps: int, warmup: int, *, pinned: bool = False) -> fl
 
 def trainer_loop(spec: Any, steps: int, warmup: int, work: Path) -> float:
     """samples/s of our Trainer (steady state: its first ``warmup``-step interval left out)."""
-    from training.trainer.config import TrainerConfig
-    from training.trainer.train import Trainer
+    from benchmarks.trainer_common import trainer_run
 
-    config = TrainerConfig.from_spec(
-        spec, run_dir=work / "run", synthetic=True, checkpoint_dir=work / "ckpt",
-        steps=warmup + steps,
-    )  # fmt: skip
-    trainer = Trainer(config)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return float(trainer.summary["samples_per_s"])
+    return float(trainer_run(spec, work, steps=warmup + steps)["samples_per_s"])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
