@@ -46,8 +46,9 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The tests run on every core (pytest-xdist); tests/conftest.py starts the longest first.
 test: install-dev lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist worksteal
 
 proto: install
 	$(BIN)/python scripts/gen_proto.py

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import aws_cdk as cdk
 
+from infra.assembly import create_stacks
 from infra.nag import add_nag_checks
-from infra.stacks import create_stacks
 from training.spec import SpecError, load_spec
 
 

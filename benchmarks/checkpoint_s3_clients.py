@@ -67,7 +67,7 @@ def _patient_client() -> Any:
     import boto3
     from botocore.config import Config
 
-    from training.trainer.checkpoint_s3 import CONNECT_TIMEOUT_S, MAX_ATTEMPTS
+    from training.common.aws import CONNECT_TIMEOUT_S, MAX_ATTEMPTS
 
     config = Config(
         connect_timeout=CONNECT_TIMEOUT_S,

@@ -226,7 +226,7 @@ def _cli(spec_path: Path, work: Path) -> dict[str, Any]:
 def _s3(args: argparse.Namespace, work: Path, step: Path, spec: Any) -> dict[str, Any]:
     """Upload the checkpoint to a moto server, then export it from S3 to S3."""
     from benchmarks.checkpoint import moto_s3
-    from training.trainer.checkpoint import MARKER
+    from training.common.steps import MARKER
     from training.trainer.checkpoint_s3 import S3CheckpointStore
     from training.trainer.export import export_checkpoint
 

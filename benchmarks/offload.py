@@ -225,7 +225,7 @@ def augment_cost_s(spec: Path, s: Settings, batches: int) -> float:
     import torch
 
     from training.data.augment import augment_samples
-    from training.data.datasets import build_dataset
+    from training.data.splits import build_dataset
     from training.data.transforms import build_transform
     from training.spec import load_spec
 

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from training.common import aws
+
 REGION = "us-east-1"
 READ_BYTES = 8 * 2**20
 CLIENTS = ("boto3", "s3torchconnector")
@@ -66,10 +68,9 @@ def _sha256(path: Path) -> str:
 
 def readers(bucket: str, keys: Sequence[str]) -> dict[str, Callable[[str, Path], None]]:
     """One ``read(key, path)`` per client, each writing the whole object to ``path``."""
-    import boto3
     from s3torchconnector import S3MapDataset
 
-    boto = boto3.client("s3")  # what LazyS3Client makes
+    boto = aws.client()  # what LazyS3Client makes
     # The connector's dataset API over the shards (one client; its default sequential reader).
     dataset = S3MapDataset.from_objects([f"s3://{bucket}/{k}" for k in keys], region=REGION)
     index = {k: i for i, k in enumerate(keys)}

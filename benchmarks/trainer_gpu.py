@@ -108,7 +108,7 @@ def eval_rate(spec: Any, batches: int) -> float:
     from training.trainer.config import TrainerConfig
     from training.trainer.evaluate import evaluate
     from training.trainer.model import build_model
-    from training.trainer.train import to_device
+    from training.trainer.stream import to_device
 
     config = TrainerConfig.from_spec(spec, run_dir=".", synthetic=True)
     cuda = torch.cuda.is_available()

@@ -16,7 +16,13 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from training import aws_tags
+from training.common.names import (
+    CHECKPOINT_PREFIX,
+    METRICS_NAMESPACE,
+    SAGEMAKER_JOB_PREFIX,
+    SAGEMAKER_SPEC_CHANNEL,
+    TAG_CLUSTER,
+)
 from training.spec import DatasetSource, DatasetSpec
 
 logger = logging.getLogger(__name__)
@@ -68,7 +74,7 @@ class CheckpointBucket(Construct):
         noncurrent_version_days: int = 30,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.prefix = aws_tags.CHECKPOINT_PREFIX
+        self.prefix = CHECKPOINT_PREFIX
         self.bucket = s3.Bucket(
             self,
             "Bucket",
@@ -255,9 +261,7 @@ class InstanceRole(Construct):
                     "autoscaling:SetInstanceHealth",
                 ],
                 resources=asg_arns,
-                conditions={
-                    "StringEquals": {f"aws:ResourceTag/{aws_tags.TAG_CLUSTER}": cluster_name}
-                },
+                conditions={"StringEquals": {f"aws:ResourceTag/{TAG_CLUSTER}": cluster_name}},
             )
         )
 
@@ -302,7 +306,7 @@ class SageMakerExecutionRole(Construct):
             iam.PolicyStatement(
                 sid="SageMakerJobOutput",
                 actions=["s3:PutObject"],
-                resources=[bucket.arn_for_objects(f"{aws_tags.SAGEMAKER_JOB_PREFIX}/*")],
+                resources=[bucket.arn_for_objects(f"{SAGEMAKER_JOB_PREFIX}/*")],
             )
         )
         self.role.add_to_policy(
@@ -310,9 +314,7 @@ class SageMakerExecutionRole(Construct):
                 sid="SageMakerJobSpec",
                 actions=["s3:GetObject"],
                 resources=[
-                    bucket.arn_for_objects(
-                        f"{aws_tags.SAGEMAKER_JOB_PREFIX}/*/{aws_tags.SAGEMAKER_SPEC_CHANNEL}/*"
-                    )
+                    bucket.arn_for_objects(f"{SAGEMAKER_JOB_PREFIX}/*/{SAGEMAKER_SPEC_CHANNEL}/*")
                 ],
             )
         )
@@ -324,8 +326,8 @@ class SageMakerExecutionRole(Construct):
                 conditions={
                     "StringLike": {
                         "s3:prefix": [
-                            aws_tags.SAGEMAKER_JOB_PREFIX,
-                            f"{aws_tags.SAGEMAKER_JOB_PREFIX}/*",
+                            SAGEMAKER_JOB_PREFIX,
+                            f"{SAGEMAKER_JOB_PREFIX}/*",
                         ]
                     }
                 },
@@ -351,7 +353,7 @@ class SageMakerExecutionRole(Construct):
                 resources=[training_logs],
             )
         )
-        _allow_put_metrics(self.role, [aws_tags.METRICS_NAMESPACE, "/aws/sagemaker/TrainingJobs"])
+        _allow_put_metrics(self.role, [METRICS_NAMESPACE, "/aws/sagemaker/TrainingJobs"])
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="VpcNetworkInterfaces",

@@ -26,7 +26,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
 from constructs import Construct
 
-from training.aws_tags import METRICS_NAMESPACE
+from training.common.names import METRICS_NAMESPACE
 from training.trainer.emf import DIMENSION_CLUSTER, EMF_METRICS, EVAL_EMF_METRICS
 
 logger = logging.getLogger(__name__)

@@ -25,8 +25,28 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.efa import EfaLayout, efa_layouts
-from training import aws_tags
-from training.aws_tags import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
+from training.common.names import (
+    DATAPREP_AMI_PARAMETER,
+    DEPLOYED_SPEC_PATH,
+    ENV_ASG_NAMES,
+    ENV_CHECKPOINT_URI,
+    ENV_CLUSTER,
+    ENV_GROUP,
+    ENV_INSTANCE_ID,
+    ENV_JOB_PARAMETER,
+    ENV_LIFECYCLE_HOOK,
+    ENV_REGION,
+    ENV_SHARD_CACHE_DIR,
+    ENV_SPEC,
+    HOST_SHARD_CACHE_DIR,
+    LIFECYCLE_HOOK_NAME,
+    TAG_CLUSTER,
+    TAG_GROUP,
+    TAG_ROLE,
+    TRAINER_AMI_PARAMETER,
+    asg_name,
+    job_parameter_name,
+)
 from training.spec import ClusterSpec, InstanceGroup, Market, Role
 
 logger = logging.getLogger(__name__)
@@ -41,7 +61,7 @@ logger = logging.getLogger(__name__)
 # helper from the AL2023 core repository (`DNF_INSTALL`; github.com/awslabs/amazon-ecr-credential-
 # helper, section "Amazon Linux 2023") and Docker fetches registry credentials through it with the
 # instance role.
-# The parameter names live in training/aws_tags.py; `hetero preflight` checks they resolve.
+# The parameter names live in training/common/names.py; `hetero preflight` checks they resolve.
 AL2023_REPO = "amazonlinux"
 """The repository id of Amazon Linux 2023's core repository (the AL2023 repositories are
 ``amazonlinux``, ``kernel-livepatch``, ``amazonlinux-nvidia`` and ``amazonlinux-spal``:
@@ -99,7 +119,7 @@ def shard_cache_lines() -> list[str]:
     volume is found or formatting or mounting fails, the cache stays on the root volume, which
     the stack sizes for it (``root_volume_gib``)."""
     return [
-        f"HOST_SHARD_CACHE={aws_tags.HOST_SHARD_CACHE_DIR}",
+        f"HOST_SHARD_CACHE={HOST_SHARD_CACHE_DIR}",
         "SYS_BLOCK=/sys/block",
         "instance_store_device() {",
         "  local d model",
@@ -128,7 +148,7 @@ def shard_cache_lines() -> list[str]:
     ]
 
 
-HOST_SPEC_DIR = str(PurePosixPath(aws_tags.DEPLOYED_SPEC_PATH).parent)
+HOST_SPEC_DIR = str(PurePosixPath(DEPLOYED_SPEC_PATH).parent)
 """Where the user data writes the deployed spec on the host (mounted read-only at the same path)."""
 DOCKER_CONFIG_DIR = "/root/.docker"
 """Docker client configuration of the user data (root; cloud-init may leave HOME unset)."""
@@ -158,22 +178,21 @@ def user_data_script(
     """
     spec_b64 = base64.b64encode(spec_text.encode()).decode()
     env = {
-        aws_tags.ENV_SPEC: aws_tags.DEPLOYED_SPEC_PATH,
-        aws_tags.ENV_CLUSTER: spec.name,
-        aws_tags.ENV_GROUP: group.name,
-        aws_tags.ENV_CHECKPOINT_URI: checkpoint_uri,
-        aws_tags.ENV_JOB_PARAMETER: aws_tags.job_parameter_name(spec.name),
-        aws_tags.ENV_ASG_NAMES: ",".join(asg_names),
-        aws_tags.ENV_REGION: region,
+        ENV_SPEC: DEPLOYED_SPEC_PATH,
+        ENV_CLUSTER: spec.name,
+        ENV_GROUP: group.name,
+        ENV_CHECKPOINT_URI: checkpoint_uri,
+        ENV_JOB_PARAMETER: job_parameter_name(spec.name),
+        ENV_ASG_NAMES: ",".join(asg_names),
+        ENV_REGION: region,
         "AWS_REGION": region,
     }
     if group.role is Role.TRAINER:
         # The trainer group's termination hook: completed after the checkpoint it asks for.
-        env[aws_tags.ENV_LIFECYCLE_HOOK] = aws_tags.LIFECYCLE_HOOK_NAME
+        env[ENV_LIFECYCLE_HOOK] = LIFECYCLE_HOOK_NAME
     gpu_flags = "--gpus all " if group.role is Role.TRAINER else ""
     cache_flags = (  # the shard cache's host folder (``shard_cache_lines``), same path inside
-        '-v "$HOST_SHARD_CACHE:$HOST_SHARD_CACHE" '
-        f'-e {aws_tags.ENV_SHARD_CACHE_DIR}="$HOST_SHARD_CACHE" '
+        f'-v "$HOST_SHARD_CACHE:$HOST_SHARD_CACHE" -e {ENV_SHARD_CACHE_DIR}="$HOST_SHARD_CACHE" '
         if group.role is Role.DATAPREP
         else ""
     )
@@ -252,12 +271,12 @@ def user_data_script(
         f"--ulimit memlock=-1 --ulimit stack=67108864 {gpu_flags}$EFA_DEVICES"
         '-v "$HOST_SPEC_DIR:$HOST_SPEC_DIR:ro" '
         f"{cache_flags}"
-        f'{env_flags} -e {aws_tags.ENV_INSTANCE_ID}="$INSTANCE_ID" '
+        f'{env_flags} -e {ENV_INSTANCE_ID}="$INSTANCE_ID" '
         "--log-driver awslogs "
         f"--log-opt awslogs-region={region} "
         f"--log-opt awslogs-group={log_group_name} "
         f'--log-opt awslogs-stream={group.name}/"$INSTANCE_ID" '
-        f'"$IMAGE" launch --spec {aws_tags.DEPLOYED_SPEC_PATH} --group {group.name}',
+        f'"$IMAGE" launch --spec {DEPLOYED_SPEC_PATH} --group {group.name}',
     ]
 
 
@@ -317,7 +336,7 @@ class InstanceGroupFleet(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.group = group
-        self.asg_name = aws_tags.asg_name(spec.name, group.name)
+        self.asg_name = asg_name(spec.name, group.name)
         stack = Stack.of(self)
 
         user_data = ec2.UserData.for_linux()
@@ -482,15 +501,15 @@ class InstanceGroupFleet(Construct):
             # https://docs.aws.amazon.com/autoscaling/ec2/userguide/retrieving-target-lifecycle-state-through-imds.html
             self.auto_scaling_group.add_lifecycle_hook(
                 "CheckpointOnTermination",
-                lifecycle_hook_name=aws_tags.LIFECYCLE_HOOK_NAME,
+                lifecycle_hook_name=LIFECYCLE_HOOK_NAME,
                 lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
                 heartbeat_timeout=TERMINATION_HOOK_TIMEOUT,
                 default_result=autoscaling.DefaultResult.CONTINUE,
             )
         for key, value in (
-            (aws_tags.TAG_CLUSTER, spec.name),
-            (aws_tags.TAG_GROUP, group.name),
-            (aws_tags.TAG_ROLE, group.role.value),
+            (TAG_CLUSTER, spec.name),
+            (TAG_GROUP, group.name),
+            (TAG_ROLE, group.role.value),
             ("Name", self.asg_name),
         ):
             Tags.of(self.auto_scaling_group).add(key, value, apply_to_launched_instances=True)

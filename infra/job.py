@@ -5,7 +5,7 @@ in ``<checkpoint bucket URI><id>/``, ``started`` null (a template has no deploy 
 a changed spec therefore starts a fresh job in a new folder, and deploying the same spec again
 leaves the parameter's value as it is. ``hetero job start`` overwrites the value to start
 another job without a deploy; the launcher on every instance reads it (format and readers:
-``training/launcher/jobparam.py``).
+``training/common/jobparam.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from training import aws_tags
-from training.launcher.jobparam import JobPointer, deployed_job_pointer
+from training.common.jobparam import JobPointer, deployed_job_pointer
+from training.common.names import job_parameter_name
 
 
 class JobParameter(Construct):
@@ -35,7 +35,7 @@ class JobParameter(Construct):
         checkpoint_base_uri: str,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.parameter_name = aws_tags.job_parameter_name(cluster_name)
+        self.parameter_name = job_parameter_name(cluster_name)
         self.pointer: JobPointer = deployed_job_pointer(spec_text, checkpoint_base_uri)
         self.parameter = ssm.StringParameter(
             self,

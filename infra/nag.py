@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
 from infra.cluster import dataset_location
-from training import aws_tags
-
-if TYPE_CHECKING:
-    from infra.stacks import ClusterStack, NetworkStack
+from infra.stacks import ClusterStack, NetworkStack
+from training.common.names import SAGEMAKER_JOB_PREFIX, SAGEMAKER_SPEC_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +149,8 @@ def acknowledge_findings(
         )
     )
     for resource in (
-        f"{bucket_arn}/{aws_tags.SAGEMAKER_JOB_PREFIX}/*",
-        f"{bucket_arn}/{aws_tags.SAGEMAKER_JOB_PREFIX}/*/{aws_tags.SAGEMAKER_SPEC_CHANNEL}/*",
+        f"{bucket_arn}/{SAGEMAKER_JOB_PREFIX}/*",
+        f"{bucket_arn}/{SAGEMAKER_JOB_PREFIX}/*/{SAGEMAKER_SPEC_CHANNEL}/*",
     ):
         acks.append(
             _ack(

@@ -10,9 +10,7 @@ Splitting them lets a new job redeploy the cluster without touching the network,
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
@@ -31,11 +29,8 @@ from infra.dashboard import ClusterDashboard
 from infra.instance_group import InstanceGroupFleet
 from infra.job import JobParameter
 from infra.network import ClusterNetwork
-from training import aws_tags
+from training.common.names import TAG_CLUSTER, asg_name
 from training.spec import ClusterSpec
-
-if TYPE_CHECKING:
-    from infra.nag import NagAcknowledgment
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +47,7 @@ class NetworkStack(cdk.Stack):
         self.network = ClusterNetwork(
             self, "Network", availability_zone_index=spec.availability_zone_index
         )
-        cdk.Tags.of(self).add(aws_tags.TAG_CLUSTER, spec.name)
+        cdk.Tags.of(self).add(TAG_CLUSTER, spec.name)
 
 
 class ClusterStack(cdk.Stack):
@@ -77,8 +72,8 @@ class ClusterStack(cdk.Stack):
             construct_id,
             description=f"{spec.name}: heterogeneous Spot training cluster (starts the job)",
         )
-        cdk.Tags.of(self).add(aws_tags.TAG_CLUSTER, spec.name)
-        asg_names = [aws_tags.asg_name(spec.name, g.name) for g in spec.groups]
+        cdk.Tags.of(self).add(TAG_CLUSTER, spec.name)
+        asg_names = [asg_name(spec.name, g.name) for g in spec.groups]
 
         self.image = ClusterImage(self, "Image", build_context=build_context)
         self.checkpoints = CheckpointBucket(
@@ -198,41 +193,3 @@ class ClusterStack(cdk.Stack):
         }
         for key, (value, description) in outputs.items():
             cdk.CfnOutput(self, key, value=value, description=description)
-
-
-@dataclass(frozen=True)
-class ClusterApp:
-    """The stacks built for one spec."""
-
-    network: NetworkStack
-    cluster: ClusterStack
-    acknowledgments: list[NagAcknowledgment]
-    """The cdk-nag findings accepted on these stacks, each with its reason."""
-
-
-def create_stacks(
-    app: Construct,
-    *,
-    spec: ClusterSpec,
-    spec_text: str,
-    build_context: Path = REPO_ROOT,
-    destroy_checkpoints: bool = False,
-) -> ClusterApp:
-    """Build the network and cluster stacks for ``spec`` (named ``<spec.name>-network`` and
-    ``<spec.name>-cluster``) and run cdk-nag's AWS Solutions checks on them at synth."""
-    # Imported here so the stacks module does not depend on the nag wiring at import time.
-    from infra.nag import acknowledge_findings
-
-    network = NetworkStack(app, f"{spec.name}-network", spec=spec)
-    cluster = ClusterStack(
-        app,
-        f"{spec.name}-cluster",
-        spec=spec,
-        spec_text=spec_text,
-        network=network.network,
-        build_context=build_context,
-        destroy_checkpoints=destroy_checkpoints,
-    )
-    cluster.add_stack_dependency(network)
-    acks = acknowledge_findings(network=network, cluster=cluster)
-    return ClusterApp(network=network, cluster=cluster, acknowledgments=acks)

@@ -29,6 +29,33 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[SESSION_ENV] = uuid.uuid4().hex
 
 
+SLOW_FIRST = (
+    "tests/rehearsal/test_rehearse_e2e.py",
+    "tests/rehearsal/test_rehearse_budget.py",
+    "tests/trainer/test_recipe.py",
+    "tests/trainer/test_learns_real_images.py",
+    "tests/infra/test_security_mutants.py",
+    "tests/launcher/test_local_elastic.py",
+    "tests/launcher/test_launcher_local_run.py",
+    "tests/trainer/test_checkpoint_s3.py",
+    "tests/trainer/test_remote.py",
+    "tests/trainer/test_distributed.py",
+    "tests/test_benchmarks_planner.py",
+    "tests/trainer/test_benchmarks.py",
+)
+"""Test files of a minute or more, the slowest first (measured with ``--durations``). `make test`
+runs the suite on every core (pytest-xdist, work stealing): the longest start first, so the
+others fill in around them instead of leaving one core alone with a long test at the end."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order inside a file, and of the other files, stays
+
+
 def _is_own_helper(proc: psutil.Process) -> bool:
     try:
         if proc.ppid() != os.getpid():

@@ -15,7 +15,9 @@ from botocore.exceptions import NoCredentialsError
 from botocore.stub import Stubber
 
 from training import cli, preflight
+from training.common.names import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training.preflight import Check, Clients, Status
+from training.preflight import command as preflight_command
 from training.spec import ClusterSpec, load_spec
 
 REGION = "us-east-1"
@@ -186,7 +188,7 @@ def expect_all(
     )
     if zone_known:
         expect_zone_calls(s, chosen, offered, trainer_scores, deny_trainer_scores)
-    names = [preflight.TRAINER_AMI_PARAMETER, preflight.DATAPREP_AMI_PARAMETER]
+    names = [TRAINER_AMI_PARAMETER, DATAPREP_AMI_PARAMETER]
     s.ssm.add_response(
         "get_parameters",
         {
@@ -363,7 +365,7 @@ def test_unknown_quota_code_fails_naming_the_table(spec: ClusterSpec, stubs: Stu
     assert row.fix == (
         "find the All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests quota in the "
         "Service Quotas console for us-east-1 (EC2) and correct its code in "
-        "training/preflight.py QUOTA_CLASSES"
+        "training/preflight/quotas.py QUOTA_CLASSES"
     )
 
 
@@ -406,12 +408,12 @@ def test_offerings_one_missing_warns_all_missing_fails(spec: ClusterSpec, stubs:
 
 
 def test_ami_parameter_that_does_not_resolve_fails(spec: ClusterSpec, stubs: Stubs) -> None:
-    expect_all(stubs, invalid_parameters=(preflight.DATAPREP_AMI_PARAMETER,))
+    expect_all(stubs, invalid_parameters=(DATAPREP_AMI_PARAMETER,))
     rows = run(spec, stubs)
     assert rows["AMI parameter (trainer)"].status is Status.PASS
     bad = rows["AMI parameter (dataprep)"]
     assert bad.status is Status.FAIL
-    assert bad.detail == f"{preflight.DATAPREP_AMI_PARAMETER} does not resolve in us-east-1"
+    assert bad.detail == f"{DATAPREP_AMI_PARAMETER} does not resolve in us-east-1"
 
 
 def test_low_placement_score_names_better_az_index(spec: ClusterSpec, stubs: Stubs) -> None:
@@ -583,7 +585,7 @@ def test_cli_prints_table_and_exit_code(
         seen.append(session.region_name)
         return stubs.clients
 
-    monkeypatch.setattr(preflight, "build_clients", fake_build_clients)
+    monkeypatch.setattr(preflight_command, "build_clients", fake_build_clients)
     expect_all(stubs)
     assert cli.main(["preflight", "--spec", str(spec_path), "--region", REGION]) == 0
     out = capsys.readouterr().out
@@ -610,7 +612,7 @@ def test_cli_without_credentials_prints_the_fix(
 
     monkeypatch.setenv("COLUMNS", "1000")
     monkeypatch.setattr(
-        preflight,
+        preflight_command,
         "build_clients",
         lambda session: Clients(
             ec2=None, service_quotas=None, ssm=None, cloudformation=None, sts=NoCredsSts()

@@ -12,7 +12,7 @@ from typing import Any
 import botocore.session
 import pytest
 
-from training.aws_tags import asg_name
+from training.common.names import asg_name
 from training.spec import (
     CLUSTER_PLACEMENT_DOC,
     Efa,

@@ -30,7 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("training.planner.bench", "measure this machine's trainer and data server rates"),
     "dataset": ("training.dataset_cli", "prepare an ImageFolder as shards + manifest; verify one"),
     "export": (
-        "training.trainer.export",
+        "training.trainer.export_cli",
         "write model.safetensors + a timm config.json from a checkpoint (local or S3)",
     ),
 }

@@ -1,6 +1,6 @@
 """``hetero dataset``: prepare an ImageFolder as WebDataset shards plus a manifest
 (``prep``), and check a prepared dataset against its manifest (``verify``).
-See ``docs/datasets.md`` and ``training/data/prep.py``."""
+See ``docs/datasets.md``, ``training/data/prep.py`` and ``training/data/verify.py``."""
 
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def _pin(sha256: str) -> str:
 def run_prep(args: argparse.Namespace) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from training.data.prep import MIB, PrepError, PrepRequest, prep
+    from training.data.prep import MIB, PrepRequest, prep
+    from training.data.prep_inputs import PrepError
 
     request = PrepRequest(
         src=args.src,
@@ -123,7 +124,8 @@ def run_prep(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from training.data.prep import MAX_PROBLEMS_SHOWN, ManifestError, verify
+    from training.data.manifest import ManifestError
+    from training.data.verify import MAX_PROBLEMS_SHOWN, verify
 
     try:
         report = verify(args.path, quick=args.quick)

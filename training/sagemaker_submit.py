@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from training import instance_types
-from training.aws_tags import (
+from training.common import aws
+from training.common.names import (
     ENV_CHECKPOINT_URI,
     ENV_SPEC,
     SAGEMAKER_JOB_PREFIX,
     SAGEMAKER_SPEC_CHANNEL,
 )
-from training.launcher.launch import SAGEMAKER_CHECKPOINT_DIR
+from training.launcher.plan import SAGEMAKER_CHECKPOINT_DIR
 from training.spec import ClusterSpec, DatasetSource, Market, load_spec
 
 log = logging.getLogger(__name__)
@@ -156,18 +157,10 @@ def run(args: argparse.Namespace) -> int:
     what the message names, 1 an AWS call failed."""
     if args.action != "submit":  # pragma: no cover - argparse allows only the listed actions
         raise SystemExit(f"unknown action {args.action!r}")
-    import boto3
-    from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
 
-    # Parameter validation is botocore's default; stated so the request is always checked
-    # against the service model before it leaves the machine.
-    config = Config(parameter_validation=True)
     try:
-        clients = {
-            name: boto3.client(name, config=config)
-            for name in ("cloudformation", "s3", "sagemaker")
-        }
+        clients = {name: aws.client(name) for name in ("cloudformation", "s3", "sagemaker")}
         return submit(
             spec_path=args.spec,
             stack_name=args.stack_name,

@@ -27,8 +27,12 @@ from training.cli import main
 from training.data import prep as prep_module
 from training.data.datasets import FolderImages
 from training.data.manifest import Manifest, ManifestError, load_manifest
-from training.data.prep import PrepError, PrepRequest, prep, read_ordered, shuffle_order, verify
+from training.data.prep import PrepRequest, prep
+from training.data.prep_inputs import PrepError, read_ordered, shuffle_order
+from training.data.prep_output import LocalOutput
 from training.data.splits import SubsetImages, split_indices
+from training.data.tar_format import ShardRecord, ShardWriter
+from training.data.verify import verify
 
 SHARD = 512 * 1024  # small shards: the 1,437 training digits take 9, the 360 validation ones 3
 CLASSES = [str(i) for i in range(10)]
@@ -67,7 +71,7 @@ def source_images(root: Path, shuffle_seed: int | None = 0) -> list[tuple[str, s
 
 
 def shuffled(items: list[T], seed: int | None) -> list[T]:
-    """``items`` in prep's seeded order (``prep.shuffle_order``; None: as they are)."""
+    """``items`` in prep's seeded order (``prep_inputs.shuffle_order``; None: as they are)."""
     return items if seed is None else [items[i] for i in shuffle_order(len(items), seed)]
 
 
@@ -261,7 +265,7 @@ def test_an_io_error_exits_1_and_says_to_rerun(
     def disk_full(*args: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(prep_module.ShardWriter, "add", disk_full)
+    monkeypatch.setattr(ShardWriter, "add", disk_full)
     assert main(["dataset", "prep", "--src", str(digits.val_dir), "--out", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (
         "hetero dataset prep: disk full; the finished shards are kept: rerun the same command "
@@ -307,21 +311,19 @@ def test_a_shard_is_committed_while_the_next_is_written(
     digits: DigitsFolders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[str] = []
-    real_open, real_commit = prep_module.LocalOutput.open_shard, prep_module.LocalOutput.commit
+    real_open, real_commit = LocalOutput.open_shard, LocalOutput.commit
 
-    def open_shard(self: prep_module.LocalOutput, name: str) -> IO[bytes]:
+    def open_shard(self: LocalOutput, name: str) -> IO[bytes]:
         events.append(f"open {name}")
         return real_open(self, name)
 
-    def slow_commit(
-        self: prep_module.LocalOutput, f: IO[bytes], record: prep_module.ShardRecord
-    ) -> prep_module.ShardRecord:
+    def slow_commit(self: LocalOutput, f: IO[bytes], record: ShardRecord) -> ShardRecord:
         time.sleep(0.2)  # an upload
         events.append(f"committed {record.name}")
         return real_commit(self, f, record)
 
-    monkeypatch.setattr(prep_module.LocalOutput, "open_shard", open_shard)
-    monkeypatch.setattr(prep_module.LocalOutput, "commit", slow_commit)
+    monkeypatch.setattr(LocalOutput, "open_shard", open_shard)
+    monkeypatch.setattr(LocalOutput, "commit", slow_commit)
     prep(PrepRequest(src=str(digits.val_dir), out=str(tmp_path), shard_bytes=SHARD))
     # The next shard is written during the commit, and never more than one commit waits.
     assert events == [
@@ -482,19 +484,19 @@ class FailingClose:
 
     def __init__(self, fail_at: int | None) -> None:
         self.calls, self.fail_at = 0, fail_at
-        self.real = prep_module.ShardWriter.close
+        self.real = ShardWriter.close
 
-    def __call__(self, writer: prep_module.ShardWriter) -> prep_module.ShardRecord:
+    def __call__(self, writer: ShardWriter) -> ShardRecord:
         self.calls += 1
         if self.calls == self.fail_at:
             raise RuntimeError("interrupted")
         return self.real(writer)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FailingClose:
-        def close(writer: prep_module.ShardWriter) -> prep_module.ShardRecord:
+        def close(writer: ShardWriter) -> ShardRecord:
             return self(writer)
 
-        monkeypatch.setattr(prep_module.ShardWriter, "close", close)
+        monkeypatch.setattr(ShardWriter, "close", close)
         return self
 
 

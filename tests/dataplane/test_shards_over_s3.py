@@ -22,6 +22,7 @@ import pytest
 from realdata import DigitsFolders, write_digits
 from shards_support import Prepared, write_prepared
 
+from training.common.names import ENV_SHARD_CACHE_DIR
 from training.dataplane.client import DataPlaneClient
 from training.dataplane.discovery import FileServers
 from training.dataplane.processes import ServerProcess, start_server_process
@@ -166,7 +167,9 @@ class Cluster:
             cache = self.tmp / f"instance-{len(self.servers)}"
             cache.mkdir()
             saved = dict(os.environ)
-            os.environ.update(env, TMPDIR=str(cache))
+            # The instance's own cache, as its boot provisions it (not TMPDIR: the forkserver's
+            # socket lives there, and a deep test folder passes AF_UNIX's 108-byte limit).
+            os.environ.update(env, **{ENV_SHARD_CACHE_DIR: str(cache)})
             try:
                 started.append(start_server_process(self.spec, workers=1))
             finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import aws_cdk as cdk
 from aws_cdk.assertions import Template
 
-from infra.stacks import ClusterApp, create_stacks
+from infra.assembly import ClusterApp, create_stacks
 from training.spec import load_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

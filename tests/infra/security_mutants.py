@@ -238,7 +238,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "SageMaker output on the whole bucket",
         _edit(
             CLUSTER,
-            'resources=[bucket.arn_for_objects(f"{aws_tags.SAGEMAKER_JOB_PREFIX}/*")]',
+            'resources=[bucket.arn_for_objects(f"{SAGEMAKER_JOB_PREFIX}/*")]',
             'resources=[bucket.arn_for_objects("*")]',
         ),
     ),

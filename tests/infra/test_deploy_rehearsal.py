@@ -1,7 +1,7 @@
 """Deploy rehearsal: the synthesized stacks deployed, destroyed and deployed again in moto's
 CloudFormation (moto in server mode on 127.0.0.1), the deploy side's twin of ``hetero rehearse``.
 
-What is real: both templates as ``infra.stacks.create_stacks`` synthesizes them for a small
+What is real: both templates as ``infra.assembly.create_stacks`` synthesizes them for a small
 Spot spec (trainer 2 x g5.xlarge, dataprep 1 x c6i.4xlarge), built once per module, deployed
 in order (``<name>-network``, then ``<name>-cluster``, which imports the network's exports) from
 the bootstrap staging bucket as ``cdk deploy`` does, and deleted cluster first.
@@ -55,8 +55,8 @@ from cfn_emulator import (
 from infra_support import build
 
 from infra.instance_group import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
-from training import aws_tags
-from training.launcher.peers import list_cluster_instances
+from training.common.hosts import list_cluster_instances
+from training.common.names import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
 from training.spec import ClusterSpec, Role, load_spec
 
 pytestmark = [
@@ -455,12 +455,12 @@ def test_auto_scaling_groups_have_the_launchers_names(
     first: Deployment, assembly: Assembly
 ) -> None:
     spec = assembly.spec
-    assert set(first.groups) == {aws_tags.asg_name(spec.name, g.name) for g in spec.groups}
+    assert set(first.groups) == {asg_name(spec.name, g.name) for g in spec.groups}
 
 
 def test_groups_reach_their_desired_capacity(first: Deployment, assembly: Assembly) -> None:
     for group in assembly.spec.groups:
-        asg = first.groups[aws_tags.asg_name(assembly.spec.name, group.name)]
+        asg = first.groups[asg_name(assembly.spec.name, group.name)]
         assert (asg["DesiredCapacity"], asg["MinSize"], asg["MaxSize"]) == (
             group.count,
             0,
@@ -475,22 +475,22 @@ def test_groups_reach_their_desired_capacity(first: Deployment, assembly: Assemb
 def test_instances_carry_the_launchers_tags(first: Deployment, assembly: Assembly) -> None:
     spec = assembly.spec
     for group in spec.groups:
-        name = aws_tags.asg_name(spec.name, group.name)
+        name = asg_name(spec.name, group.name)
         for member in first.groups[name]["Instances"]:
             instance = first.instances[member["InstanceId"]]
             tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
             assert {
                 k: tags.get(k)
                 for k in (
-                    aws_tags.TAG_CLUSTER,
-                    aws_tags.TAG_GROUP,
-                    aws_tags.TAG_ROLE,
+                    TAG_CLUSTER,
+                    TAG_GROUP,
+                    TAG_ROLE,
                     "aws:autoscaling:groupName",
                 )
             } == {
-                aws_tags.TAG_CLUSTER: spec.name,
-                aws_tags.TAG_GROUP: group.name,
-                aws_tags.TAG_ROLE: group.role.value,
+                TAG_CLUSTER: spec.name,
+                TAG_GROUP: group.name,
+                TAG_ROLE: group.role.value,
                 "aws:autoscaling:groupName": name,
             }
 
@@ -501,7 +501,7 @@ def test_launcher_peer_discovery_finds_exactly_each_groups_instances(
     spec = assembly.spec
     expected = {
         g.name: sorted(
-            i["InstanceId"] for i in first.groups[aws_tags.asg_name(spec.name, g.name)]["Instances"]
+            i["InstanceId"] for i in first.groups[asg_name(spec.name, g.name)]["Instances"]
         )
         for g in spec.groups
     }
@@ -534,7 +534,7 @@ def test_instances_run_the_ami_of_their_role(
     spec = assembly.spec
     for group in spec.groups:
         ami = env.ami_by_parameter[AMI_PARAMETER_BY_ROLE[group.role]]
-        for member in first.groups[aws_tags.asg_name(spec.name, group.name)]["Instances"]:
+        for member in first.groups[asg_name(spec.name, group.name)]["Instances"]:
             assert first.instances[member["InstanceId"]]["ImageId"] == ami, group.name
 
 
@@ -599,16 +599,16 @@ def test_redeploy_after_destroy_completes_with_new_instances(
         name: "CREATE_COMPLETE" for name in assembly.stack_names
     }
     spec = assembly.spec
-    assert set(second.groups) == {aws_tags.asg_name(spec.name, g.name) for g in spec.groups}
+    assert set(second.groups) == {asg_name(spec.name, g.name) for g in spec.groups}
     for group in spec.groups:
-        members = second.groups[aws_tags.asg_name(spec.name, group.name)]["Instances"]
+        members = second.groups[asg_name(spec.name, group.name)]["Instances"]
         assert [i["LifecycleState"] for i in members] == ["InService"] * group.count
         ids = {i["InstanceId"] for i in members}
         assert not ids & set(first.instances), "the second deploy kept old instances"
         assert sorted(second.discovered[group.name]) == sorted(ids)
         for instance_id in ids:
             tags = {t["Key"]: t["Value"] for t in second.instances[instance_id]["Tags"]}
-            assert (tags[aws_tags.TAG_GROUP], tags[aws_tags.TAG_ROLE]) == (
+            assert (tags[TAG_GROUP], tags[TAG_ROLE]) == (
                 group.name,
                 group.role.value,
             )

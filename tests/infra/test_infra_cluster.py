@@ -22,7 +22,22 @@ from infra_support import (
     network_ref,
 )
 
-from training import aws_tags
+from training.common.names import (
+    CHECKPOINT_PREFIX,
+    DEPLOYED_SPEC_PATH,
+    ENV_ASG_NAMES,
+    ENV_CHECKPOINT_URI,
+    ENV_CLUSTER,
+    ENV_GROUP,
+    ENV_LIFECYCLE_HOOK,
+    ENV_REGION,
+    ENV_SPEC,
+    LIFECYCLE_HOOK_NAME,
+    TAG_CLUSTER,
+    TAG_GROUP,
+    TAG_ROLE,
+    asg_name,
+)
 
 # Actions that support no resource-level permissions (AWS requires Resource "*").
 STAR_ONLY_ACTIONS = {
@@ -62,7 +77,7 @@ def _launch_template_data(built: BuiltApp, group: str) -> dict[str, Any]:
 
 
 def _asg(built: BuiltApp, group: str) -> dict[str, Any]:
-    name = aws_tags.asg_name(built.stacks.cluster.stack_name.removesuffix("-cluster"), group)
+    name = asg_name(built.stacks.cluster.stack_name.removesuffix("-cluster"), group)
     found = built.cluster.find_resources(
         "AWS::AutoScaling::AutoScalingGroup", {"Properties": {"AutoScalingGroupName": name}}
     )
@@ -350,25 +365,25 @@ def test_user_data_pulls_the_image_and_runs_the_launcher_as_the_group(spot: Buil
         ) in lines
         assert script.count("dnf ") == script.count(only_al2023) == 2
         assert 'retry docker pull "$IMAGE"' in script
-        assert f"launch --spec {aws_tags.DEPLOYED_SPEC_PATH} --group {group}" in script
+        assert f"launch --spec {DEPLOYED_SPEC_PATH} --group {group}" in script
         for env in (
-            aws_tags.ENV_SPEC,
-            aws_tags.ENV_GROUP,
-            aws_tags.ENV_CLUSTER,
-            aws_tags.ENV_CHECKPOINT_URI,
-            aws_tags.ENV_ASG_NAMES,
-            aws_tags.ENV_REGION,
+            ENV_SPEC,
+            ENV_GROUP,
+            ENV_CLUSTER,
+            ENV_CHECKPOINT_URI,
+            ENV_ASG_NAMES,
+            ENV_REGION,
         ):
             assert f"-e {env}=" in script, env
-        assert f"-e {aws_tags.ENV_GROUP}={group} " in script
-        assert f"-e {aws_tags.ENV_ASG_NAMES}=vit-spot-trainer,vit-spot-dataprep" in script
+        assert f"-e {ENV_GROUP}={group} " in script
+        assert f"-e {ENV_ASG_NAMES}=vit-spot-trainer,vit-spot-dataprep" in script
         assert "--log-driver awslogs" in script and "--log-opt awslogs-group=" in script
         assert ("--gpus all" in script) is gpu
         assert "--network host" in script
         # Docker brings a dead launcher back; the launcher retries the role itself.
         assert "docker run --detach --restart on-failure:5 --name hetero " in script
         # Only the trainer group has the termination hook the launcher completes.
-        hook_env = f"-e {aws_tags.ENV_LIFECYCLE_HOOK}={aws_tags.LIFECYCLE_HOOK_NAME} "
+        hook_env = f"-e {ENV_LIFECYCLE_HOOK}={LIFECYCLE_HOOK_NAME} "
         assert (hook_env in script) is gpu
 
 
@@ -380,7 +395,7 @@ def test_trainer_group_has_the_termination_hook_the_launcher_completes(spot: Bui
     cfn_asg = trainer_asg.node.default_child
     assert isinstance(cfn_asg, cdk.CfnResource)
     assert props["AutoScalingGroupName"] == {"Ref": spot.stacks.cluster.get_logical_id(cfn_asg)}
-    assert props["LifecycleHookName"] == aws_tags.LIFECYCLE_HOOK_NAME
+    assert props["LifecycleHookName"] == LIFECYCLE_HOOK_NAME
     assert props["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
     assert props["DefaultResult"] == "CONTINUE"
     assert props["HeartbeatTimeout"] == 300
@@ -478,9 +493,9 @@ def test_container_logs_are_kept_without_a_fixed_name(spot: BuiltApp) -> None:
 def test_group_tags_propagate_to_instances(spot: BuiltApp) -> None:
     asg = _asg(spot, "dataprep")
     tags = {t["Key"]: (t["Value"], t["PropagateAtLaunch"]) for t in asg["Tags"]}
-    assert tags[aws_tags.TAG_CLUSTER] == ("vit-spot", True)
-    assert tags[aws_tags.TAG_GROUP] == ("dataprep", True)
-    assert tags[aws_tags.TAG_ROLE] == ("dataprep", True)
+    assert tags[TAG_CLUSTER] == ("vit-spot", True)
+    assert tags[TAG_GROUP] == ("dataprep", True)
+    assert tags[TAG_ROLE] == ("dataprep", True)
 
 
 # ----------------------------------------------------------------------------- bucket
@@ -575,20 +590,18 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
             by_action[a] = s
     # Checkpoints: objects under the prefix only; listing conditioned on the prefix.
     put = by_action["s3:PutObject"]
-    assert json.dumps(put["Resource"]).endswith(f'"/{aws_tags.CHECKPOINT_PREFIX}/*"]]}}')
+    assert json.dumps(put["Resource"]).endswith(f'"/{CHECKPOINT_PREFIX}/*"]]}}')
     assert "s3:DeleteBucket" not in by_action and "s3:*" not in by_action
     listing = by_action["s3:ListBucket"]
     assert listing["Condition"]["StringLike"]["s3:prefix"] == [
-        aws_tags.CHECKPOINT_PREFIX,
-        f"{aws_tags.CHECKPOINT_PREFIX}/*",
+        CHECKPOINT_PREFIX,
+        f"{CHECKPOINT_PREFIX}/*",
     ]
     # Scaling: only this cluster's groups, by name and by tag.
     scale = by_action["autoscaling:UpdateAutoScalingGroup"]
     names = {json.dumps(r).rsplit("/", 1)[-1].rstrip('"]}') for r in _as_list(scale["Resource"])}
     assert names == {"vit-spot-trainer", "vit-spot-dataprep"}
-    assert scale["Condition"] == {
-        "StringEquals": {f"aws:ResourceTag/{aws_tags.TAG_CLUSTER}": "vit-spot"}
-    }
+    assert scale["Condition"] == {"StringEquals": {f"aws:ResourceTag/{TAG_CLUSTER}": "vit-spot"}}
     # The termination hook is completed on the same groups, under the same condition.
     assert by_action["autoscaling:CompleteLifecycleAction"] is scale
     # So is the replacement of an instance that holds an older spec than the deployed job's.

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from training import aws_tags
+from training.common.names import DEPLOYED_SPEC_PATH, ENV_GROUP, ENV_SPEC
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "containers" / "Dockerfile"
@@ -131,9 +131,9 @@ def test_train_maps_to_launch_with_the_spec_from_the_environment(
     fake_hetero: tuple[dict[str, str], Path],
 ) -> None:
     env, record = fake_hetero
-    spec = {aws_tags.ENV_SPEC: aws_tags.DEPLOYED_SPEC_PATH}
-    assert _run(env, record, "train", **spec) == ["launch", "--spec", aws_tags.DEPLOYED_SPEC_PATH]
-    assert _run(env, record, **spec) == ["launch", "--spec", aws_tags.DEPLOYED_SPEC_PATH]
+    spec = {ENV_SPEC: DEPLOYED_SPEC_PATH}
+    assert _run(env, record, "train", **spec) == ["launch", "--spec", DEPLOYED_SPEC_PATH]
+    assert _run(env, record, **spec) == ["launch", "--spec", DEPLOYED_SPEC_PATH]
 
 
 def test_train_without_a_spec_says_how_to_pass_one(
@@ -159,7 +159,7 @@ def test_train_honours_spec_and_group_environment(
         "train",
         "--log-level",
         "DEBUG",
-        **{aws_tags.ENV_SPEC: "/tmp/my spec.toml", aws_tags.ENV_GROUP: "dataprep"},
+        **{ENV_SPEC: "/tmp/my spec.toml", ENV_GROUP: "dataprep"},
     )
     assert argv == [
         "launch",
@@ -174,7 +174,7 @@ def test_train_honours_spec_and_group_environment(
 
 def test_other_arguments_pass_through(fake_hetero: tuple[dict[str, str], Path]) -> None:
     env, record = fake_hetero
-    explicit = ["launch", "--spec", aws_tags.DEPLOYED_SPEC_PATH, "--group", "trainer"]
+    explicit = ["launch", "--spec", DEPLOYED_SPEC_PATH, "--group", "trainer"]
     assert _run(env, record, *explicit) == explicit
     assert _run(env, record, "spec", "check", "--spec", "x.toml") == [
         "spec",
@@ -190,6 +190,6 @@ def test_exit_status_is_the_launchers(tmp_path: Path) -> None:
     (bin_dir / "hetero").write_text("#!/bin/sh\nexit 7\n")
     (bin_dir / "hetero").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env[aws_tags.ENV_SPEC] = "/x.toml"
+    env[ENV_SPEC] = "/x.toml"
     result = subprocess.run(["bash", str(ENTRYPOINT), "train"], env=env, timeout=30)
     assert result.returncode == 7

@@ -14,7 +14,7 @@ from aws_cdk.assertions import Template
 from infra_support import SPOT_SPEC, BuiltApp, build, cdk_context
 
 from infra.job import JobParameter
-from training.launcher.jobparam import parse_job_pointer
+from training.common.jobparam import parse_job_pointer
 
 
 @pytest.fixture(scope="module")

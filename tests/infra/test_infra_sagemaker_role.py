@@ -20,7 +20,7 @@ from infra.cluster import (
     dataset_read_uri,
     grant_dataset_read,
 )
-from training import aws_tags
+from training.common.names import CHECKPOINT_PREFIX, TAG_GROUP
 
 PARTITION = {"Ref": "AWS::Partition"}
 
@@ -58,7 +58,7 @@ def _objects(bucket_arn: dict[str, Any], suffix: str) -> dict[str, Any]:
 
 
 def _checkpoint_statements(bucket_arn: dict[str, Any]) -> list[dict[str, Any]]:
-    prefix = aws_tags.CHECKPOINT_PREFIX
+    prefix = CHECKPOINT_PREFIX
     return [
         {
             "Sid": "CheckpointObjects",
@@ -155,10 +155,7 @@ def test_group_names_with_underscores_go_through_the_cluster_stack(sm: BuiltApp)
     names = sorted(a["Properties"]["AutoScalingGroupName"] for a in asgs.values())
     assert names == ["vit-sm-data_group", "vit-sm-dnn_group"]
     group_tags = sorted(
-        t["Value"]
-        for a in asgs.values()
-        for t in a["Properties"]["Tags"]
-        if t["Key"] == aws_tags.TAG_GROUP
+        t["Value"] for a in asgs.values() for t in a["Properties"]["Tags"] if t["Key"] == TAG_GROUP
     )
     assert group_tags == ["data_group", "dnn_group"]
     stack = sm.stacks.cluster

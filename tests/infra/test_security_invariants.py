@@ -29,7 +29,12 @@ from infra_support import (
 )
 
 from infra.cluster import dataset_location
-from training import aws_tags
+from training.common.names import (
+    METRICS_NAMESPACE,
+    SAGEMAKER_JOB_PREFIX,
+    SAGEMAKER_SPEC_CHANNEL,
+    TAG_CLUSTER,
+)
 
 SPECS = {
     "default": (REPO_ROOT / "cluster.toml").read_text(),
@@ -576,7 +581,7 @@ def test_instance_role_may_do_only_what_the_launcher_needs(built: BuiltApp) -> N
                 for n in asg_names
             ],
             "ScaleOwnGroupsToZero",
-            Condition={"StringEquals": {f"aws:ResourceTag/{aws_tags.TAG_CLUSTER}": spec_name}},
+            Condition={"StringEquals": {f"aws:ResourceTag/{TAG_CLUSTER}": spec_name}},
         ),
         _allow(
             ["ssm:GetParameter"],
@@ -602,7 +607,7 @@ def test_instance_role_may_do_only_what_the_launcher_needs(built: BuiltApp) -> N
 def test_sagemaker_role_is_as_narrow_as_the_job(built: BuiltApp) -> None:
     cluster = built.stacks.cluster
     bucket_arn = {"Fn::GetAtt": [_lid(cluster, cluster.checkpoints.bucket), "Arn"]}
-    job = aws_tags.SAGEMAKER_JOB_PREFIX
+    job = SAGEMAKER_JOB_PREFIX
     expected = [
         *_common_grants(built),
         _allow(
@@ -612,7 +617,7 @@ def test_sagemaker_role_is_as_narrow_as_the_job(built: BuiltApp) -> None:
         ),
         _allow(
             ["s3:GetObject"],
-            {"Fn::Join": ["", [bucket_arn, f"/{job}/*/{aws_tags.SAGEMAKER_SPEC_CHANNEL}/*"]]},
+            {"Fn::Join": ["", [bucket_arn, f"/{job}/*/{SAGEMAKER_SPEC_CHANNEL}/*"]]},
             "SageMakerJobSpec",
         ),
         _allow(
@@ -638,7 +643,7 @@ def test_sagemaker_role_is_as_narrow_as_the_job(built: BuiltApp) -> None:
             Condition={
                 "StringEquals": {
                     "cloudwatch:namespace": [
-                        aws_tags.METRICS_NAMESPACE,
+                        METRICS_NAMESPACE,
                         "/aws/sagemaker/TrainingJobs",
                     ]
                 }

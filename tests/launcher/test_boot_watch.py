@@ -11,8 +11,8 @@ from pathlib import Path
 
 from small_spec import small_spec_text
 
+from training.common.jobrecord import JobRecord
 from training.launcher.boot_watch import BOOT_REASON, LAUNCH_SLACK_S, BootWatch, failed_boots
-from training.launcher.jobrecord import JobRecord
 from training.rehearsal.aws import AwsEmulator
 from training.spec import ClusterSpec, load_spec
 

@@ -16,8 +16,8 @@ import pytest
 from moto import mock_aws
 
 from training.cli import main
+from training.common.outcome import EXIT_CONFIG
 from training.launcher import efa
-from training.outcome import EXIT_CONFIG
 from training.spec import Efa, InstanceGroup, Role
 
 from .conftest import FakeImds

@@ -14,16 +14,18 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from training.launcher.budget import ENV_DEADLINE, Budget, job_started, parse_started
-from training.launcher.ec2_job import Ec2Job, LoopSettings
+from training.common.jobrecord import JobRecord
+from training.common.names import ENV_BUDGET_DEADLINE
+from training.common.outcome import EXIT_FINISHED, EXIT_STOPPED, Outcome
+from training.launcher.budget import Budget, job_started, parse_started
+from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
-from training.launcher.jobrecord import JobRecord
 from training.launcher.jobstart import start_job
-from training.launcher.launch import Backend, LaunchPlan
+from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
+from training.launcher.plan import Backend, LaunchPlan
 from training.launcher.roles import RoleCommand
 from training.launcher.status import JobStatus, budget_line
-from training.outcome import EXIT_FINISHED, EXIT_STOPPED, Outcome
 from training.spec import ClusterSpec, Role, load_spec
 
 from .conftest import FakeImds, one_of_each
@@ -231,7 +233,7 @@ def test_without_a_cap_the_trainer_gets_no_limit(
     assert job.run() == EXIT_FINISHED
     assert played.read_text().split() == ["none"]
     assert JobRecord(URI).started_at() is None  # no clock kept without a cap
-    assert ENV_DEADLINE == "HETERO_BUDGET_DEADLINE"
+    assert ENV_BUDGET_DEADLINE == "HETERO_BUDGET_DEADLINE"
 
 
 # -- hetero job start --resume after a budget stop (moto: SSM, S3, Auto Scaling) ---------------
@@ -280,7 +282,7 @@ def test_job_start_may_give_the_resumed_job_a_cap_of_its_own(
     """A job its budget stopped resumes with more to spend, without a deploy (which would start
     a fresh job in a new folder): the caps go into the job pointer, every launcher's budget and
     `hetero status` read them there, and the spec's other cap stays."""
-    from training.launcher.jobparam import JobWatch, read_job_pointer
+    from training.common.jobparam import JobWatch, read_job_pointer
     from training.launcher.jobstart import JobStartError, report
 
     from .test_launcher_jobstart import NOW, OLD, deployed_groups

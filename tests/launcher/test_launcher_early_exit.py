@@ -19,10 +19,11 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from training.aws_tags import LIFECYCLE_HOOK_NAME
+from training.common.jobrecord import JobRecord
+from training.common.names import LIFECYCLE_HOOK_NAME
+from training.common.outcome import EXIT_FAILED
 from training.launcher import early_exit, launch
-from training.launcher.jobrecord import JobRecord
-from training.outcome import EXIT_FAILED
+from training.launcher.peers import EXIT_PEERS
 
 from .conftest import FakeImds, one_of_each
 
@@ -276,7 +277,7 @@ def test_with_imds_unreachable_the_boots_instance_id_takes_the_instance_out_of_s
     )  # fmt: skip
     with mock_aws():
         code = launch.run(args)
-    assert code == launch.EXIT_PEERS
+    assert code == EXIT_PEERS
     assert calls == [INSTANCE]
     replaced = JobRecord(str(record_dir)).replaced()
     assert list(replaced) == [INSTANCE] and replaced[INSTANCE]["reason"].startswith("IMDS: ")

@@ -14,14 +14,15 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from training.launcher.ec2_job import Ec2Job, LoopSettings
+from training.common.jobrecord import JobRecord
+from training.common.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
+from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
-from training.launcher.jobrecord import JobRecord
-from training.launcher.launch import Backend, LaunchPlan
+from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
+from training.launcher.plan import Backend, LaunchPlan
 from training.launcher.roles import RoleCommand
 from training.launcher.spot import REBALANCE_PATH, TARGET_LIFECYCLE_PATH
-from training.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
 from training.spec import ClusterSpec, Role, load_spec
 
 from .conftest import FakeImds, one_of_each
@@ -333,7 +334,7 @@ def test_a_rebalance_recommendation_checkpoints_and_training_goes_on(
 def test_a_host_that_starts_after_the_job_ended_runs_nothing(
     cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
 ) -> None:
-    from training.outcome import Outcome
+    from training.common.outcome import Outcome
 
     JobRecord(URI).end(Outcome.FINISHED, reason="training finished", by="i-other")
     for name in cluster["names"]:  # e.g. a deploy set the groups to their counts again

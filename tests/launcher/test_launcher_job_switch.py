@@ -20,9 +20,9 @@ from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
 from training.cli import main
+from training.common.jobparam import JobPointer, JobWatch
+from training.common.jobrecord import JobRecord
 from training.launcher.ec2_job import EXIT_NEW_JOB
-from training.launcher.jobparam import JobPointer, JobWatch
-from training.launcher.jobrecord import JobRecord
 
 from . import test_launcher_ec2_job as ec2_loop
 from .conftest import FakeImds
@@ -237,7 +237,7 @@ def test_the_launcher_re_executes_itself_on_the_new_job(
     me = launch((ec2, subnet), "10.0.0.41", "trainer")  # 1 of the spec's 2 trainers: it waits
     s3, ssm = boto3.client("s3"), boto3.client("ssm")
     s3.create_bucket(Bucket="ckpt")
-    from training.launcher.jobparam import deployed_job_id
+    from training.common.jobparam import deployed_job_id
 
     old_id = deployed_job_id(spec_path.read_text())  # the job a deploy of this spec started
     old = JobPointer(old_id, f"s3://ckpt/checkpoints/{old_id}/")
@@ -345,7 +345,7 @@ def test_status_reads_the_record_where_the_pointer_says_and_shows_the_job(
 def test_re_execution_runs_the_same_command_line_and_is_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from training.launcher import launch
+    from training.launcher import ec2_start
 
     calls: list[tuple[str, list[str], dict[str, str]]] = []
 
@@ -353,8 +353,10 @@ def test_re_execution_runs_the_same_command_line_and_is_bounded(
         calls.append((path, argv, env))
         raise OSError("recorded, not executed")
 
-    monkeypatch.setattr(launch.os, "execve", execve)
-    assert launch.restart_for_new_job({"HETERO_JOB_PARAMETER": "/hetero/one/job"}) == EXIT_NEW_JOB
+    monkeypatch.setattr(ec2_start.os, "execve", execve)
+    assert (
+        ec2_start.restart_for_new_job({"HETERO_JOB_PARAMETER": "/hetero/one/job"}) == EXIT_NEW_JOB
+    )
     assert calls == [
         (
             sys.executable,
@@ -364,8 +366,8 @@ def test_re_execution_runs_the_same_command_line_and_is_bounded(
     ]
     # After MAX_JOB_SWITCHES re-executions it exits instead (Docker's policy takes over).
     calls.clear()
-    at_limit = {"HETERO_LAUNCHER_JOB_SWITCHES": str(launch.MAX_JOB_SWITCHES)}
-    assert launch.restart_for_new_job(at_limit) == EXIT_NEW_JOB
+    at_limit = {"HETERO_LAUNCHER_JOB_SWITCHES": str(ec2_start.MAX_JOB_SWITCHES)}
+    assert ec2_start.restart_for_new_job(at_limit) == EXIT_NEW_JOB
     assert calls == []
 
 
@@ -373,7 +375,7 @@ def test_re_execution_runs_the_same_command_line_and_is_bounded(
 
 
 def test_stale_spec_only_for_deploy_ids_that_are_not_this_spec() -> None:
-    from training.launcher.jobparam import deployed_job_id, stale_spec
+    from training.common.jobparam import deployed_job_id, stale_spec
 
     mine = deployed_job_id("name = 'a'\n")
     assert stale_spec(JobPointer(mine, URI), "name = 'a'\n") is None
@@ -440,7 +442,7 @@ def test_an_instance_with_the_deployed_spec_runs_the_deployed_job(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from training.launcher.jobparam import deployed_job_id
+    from training.common.jobparam import deployed_job_id
 
     monkeypatch.setenv("HETERO_JOB_PARAMETER", "/hetero/one/job")
     monkeypatch.setenv("AWS_DEFAULT_REGION", ec2_loop.REGION)

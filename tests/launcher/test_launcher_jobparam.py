@@ -13,7 +13,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from training.launcher.jobparam import (
+from training.common.jobparam import (
     JobParameterNotFound,
     JobPointer,
     JobPointerError,

@@ -20,8 +20,9 @@ from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 
-from training.launcher.jobrecord import JobRecord, read_s3_object
-from training.outcome import Outcome
+from training.common.jobrecord import JobRecord
+from training.common.outcome import Outcome
+from training.common.s3 import read_object
 
 BUCKET = "hetero-checkpoints"
 URI = f"s3://{BUCKET}/checkpoints/j-20260101T000000Z-abcd/"
@@ -108,7 +109,7 @@ def test_403_whose_probe_is_denied_too_raises_the_original_error(
         expected_params={"Bucket": BUCKET, "Prefix": OUTCOME_KEY, "MaxKeys": 1},
     )
     with pytest.raises(ClientError) as raised:
-        read_s3_object(client, BUCKET, OUTCOME_KEY)
+        read_object(client, BUCKET, OUTCOME_KEY)
     assert raised.value.operation_name == "GetObject"
     assert isinstance(raised.value.__cause__, ClientError)
     assert raised.value.__cause__.operation_name == "ListObjectsV2"
@@ -137,7 +138,7 @@ def test_other_errors_are_raised_without_a_probe(s3: tuple[Any, Stubber]) -> Non
         expected_params={"Bucket": BUCKET, "Key": OUTCOME_KEY},
     )
     with pytest.raises(ClientError):
-        read_s3_object(client, BUCKET, OUTCOME_KEY)
+        read_object(client, BUCKET, OUTCOME_KEY)
 
 
 def test_a_present_object_is_read(s3: tuple[Any, Stubber]) -> None:

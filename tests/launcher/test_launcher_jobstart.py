@@ -16,7 +16,7 @@ import pytest
 from moto import mock_aws
 
 from training.cli import main
-from training.launcher.jobparam import JobParameterNotFound, JobPointer, read_job_pointer
+from training.common.jobparam import JobParameterNotFound, JobPointer, read_job_pointer
 from training.launcher.jobstart import JobStartError, group_sizes, start_job
 from training.spec import ClusterSpec
 

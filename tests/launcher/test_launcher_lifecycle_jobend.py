@@ -14,7 +14,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from training.aws_tags import LIFECYCLE_HOOK_NAME
+from training.common.names import LIFECYCLE_HOOK_NAME
 from training.launcher.job_end import complete_lifecycle_action, complete_own_termination
 
 INSTANCE = "i-0123456789abcdef0"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from training.outcome import EXIT_STOPPED
+from training.common.outcome import EXIT_STOPPED
 
 from .processes import run_watched
 

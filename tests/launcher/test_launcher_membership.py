@@ -12,7 +12,8 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from training.launcher.jobrecord import JobRecord
+from training.common.jobrecord import JobRecord
+from training.common.outcome import Outcome
 from training.launcher.membership import (
     Member,
     Membership,
@@ -20,7 +21,6 @@ from training.launcher.membership import (
     current_membership,
     wait_for_membership,
 )
-from training.outcome import Outcome
 
 from .test_launcher_peers import REGION, ec2, launch  # noqa: F401  (ec2 is a fixture)
 

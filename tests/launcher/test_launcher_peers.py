@@ -10,13 +10,9 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from training.common.hosts import list_cluster_instances
 from training.dataplane.discovery import DiscoveryError, Ec2Servers
-from training.launcher.peers import (
-    PeerDiscoveryError,
-    list_cluster_instances,
-    local_peers,
-    sagemaker_peers,
-)
+from training.launcher.peers import PeerDiscoveryError, local_peers, sagemaker_peers
 from training.spec import ClusterSpec
 
 from .test_launcher_group import RESOURCECONFIG

@@ -1,5 +1,5 @@
 """Validation in ``hetero status``: the trainer's ``MetricsLogger`` writes its last validation
-record to ``last_eval.json``; the EC2 launcher's heartbeat (``ec2_job._last_metrics``) puts it
+record to ``last_eval.json``; the EC2 launcher's heartbeat (``run_metrics.last_metrics``) puts it
 under ``"eval"`` beside the last interval record into the job record, and ``status.render``
 shows the last top-1 (the EMA's too) and the accuracy targets reached in the host's row. Also the
 data tier in ``hetero status``: an elastic group's desired count with its min-max, and the
@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from training.launcher import ec2_job
-from training.launcher.jobrecord import JobRecord
+from training.common.jobrecord import JobRecord
+from training.launcher.run_metrics import last_metrics
 from training.launcher.status import JobStatus, collect, decision_text, render, validation_text
 from training.spec import load_spec
-from training.trainer import metrics
 from training.trainer.metrics import EvalResult, EvalScores, Interval, MetricsLogger, RunFacts
 
 FACTS = RunFacts(
@@ -28,16 +27,12 @@ FACTS = RunFacts(
 )  # fmt: skip
 
 
-def test_the_file_names_agree() -> None:
-    assert ec2_job.LAST_EVAL_FILE == metrics.LAST_EVAL_FILE
-
-
 def test_the_heartbeat_reads_the_last_interval_and_the_last_evaluation(tmp_path: Path) -> None:
-    assert ec2_job._last_metrics(tmp_path) is None  # nothing written yet
+    assert last_metrics(tmp_path) is None  # nothing written yet
     logger = MetricsLogger(tmp_path, FACTS, rank=0, device=torch.device("cpu"))
     interval = Interval(started=time.perf_counter() - 1.0, steps=10)
     record = logger.log(10, interval, loss=1.5, lr=0.1, data_wait_share=0.1, epoch=0)
-    assert ec2_job._last_metrics(tmp_path) == json.loads(json.dumps(record))
+    assert last_metrics(tmp_path) == json.loads(json.dumps(record))
     ema = EvalScores(top1=0.8203125, top5=0.96875, loss=0.5)
     logger.log_eval(
         10, EvalResult(0.75, 0.9375, 0.625, 360, 1.0, ema=ema), samples_seen=640,
@@ -45,7 +40,7 @@ def test_the_heartbeat_reads_the_last_interval_and_the_last_evaluation(tmp_path:
     )  # fmt: skip
     # The validation record is the last line now; the interval stays what is reported, with
     # the evaluation beside it.
-    seen = ec2_job._last_metrics(tmp_path)
+    seen = last_metrics(tmp_path)
     assert seen is not None
     assert {k: v for k, v in seen.items() if k != "eval"} == json.loads(json.dumps(record))
     assert seen["eval"] == {**logger.evals[0], "targets_reached": [0.5, 0.8]}  # the EMA's 0.82
@@ -55,9 +50,9 @@ def test_the_heartbeat_reads_the_last_interval_and_the_last_evaluation(tmp_path:
 def test_a_cut_last_line_falls_back_to_the_line_before(tmp_path: Path) -> None:
     lines = [json.dumps({"step": s, "loss": 1.0}) for s in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 3, "lo')
-    assert ec2_job._last_metrics(tmp_path) == {"step": 2, "loss": 1.0}
+    assert last_metrics(tmp_path) == {"step": 2, "loss": 1.0}
     (tmp_path / "metrics.jsonl").write_text('{"kind": "eval", "step": 3, "top1": 0.5}\n')
-    assert ec2_job._last_metrics(tmp_path) is None  # an evaluation alone, without its file
+    assert last_metrics(tmp_path) is None  # an evaluation alone, without its file
 
 
 def test_validation_in_words() -> None:

@@ -9,14 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.launcher.ec2_job import Ec2Job, LoopSettings
+from training.common.jobrecord import JobRecord
+from training.common.outcome import EXIT_FAILED
+from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
-from training.launcher.jobrecord import JobRecord
-from training.launcher.launch import Backend, LaunchPlan
+from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
+from training.launcher.plan import Backend, LaunchPlan
 from training.launcher.roles import RoleCommand
 from training.launcher.trainer_watch import NoTrainerWatch, newest_trainer_write
-from training.outcome import EXIT_FAILED
 from training.spec import Role
 
 from .conftest import FakeImds

@@ -499,7 +499,7 @@ def test_hetero_sagemaker_submit_runs_through_the_cli(
     spec = _write(tmp_path, SPOT_SPEC)
     made: list[tuple[str, bool]] = []
 
-    def stubbed_client(service: str, config: Any) -> Any:
+    def stubbed_client(service: str, *, config: Any, region_name: str | None = None) -> Any:
         made.append((service, config.parameter_validation))
         return {"cloudformation": aws.cloudformation, "s3": aws.s3, "sagemaker": aws.sagemaker}[
             service

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from training import aws_tags, cli
+from training import cli
+from training.common.names import asg_name
 from training.planner.cli import make_plan
 from training.planner.errors import PlanError
 from training.planner.evaluate import Plan
@@ -173,7 +174,7 @@ def test_the_written_spec_synthesizes(synthesized: tuple[Plan, ClusterSpec, Any]
     plan, written, built = synthesized
 
     def asg(group: str) -> dict[str, Any]:
-        name = aws_tags.asg_name(built.stacks.cluster.stack_name.removesuffix("-cluster"), group)
+        name = asg_name(built.stacks.cluster.stack_name.removesuffix("-cluster"), group)
         (found,) = built.cluster.find_resources(
             "AWS::AutoScaling::AutoScalingGroup", {"Properties": {"AutoScalingGroupName": name}}
         ).values()

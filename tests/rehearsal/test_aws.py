@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from training.aws_tags import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
+from training.common.names import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
 from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator
 from training.spec import load_spec
 
@@ -35,7 +35,7 @@ def test_provision_creates_groups_tags_hook_and_bucket(aws: AwsEmulator, small_s
     assert hook["LifecycleHookName"] == LIFECYCLE_HOOK
     assert hook["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
     assert aws.client("s3").head_bucket(Bucket="tiny-checkpoints")
-    # The job record's reader (jobrecord.read_s3_object): missing, then there.
+    # The job record's reader (training.common.s3.read_object): missing, then there.
     assert aws.read_object("tiny-checkpoints", names.job_record_key) is None
     aws.client("s3").put_object(Bucket="tiny-checkpoints", Key=names.job_record_key, Body=b"{}")
     assert aws.read_object("tiny-checkpoints", names.job_record_key) == b"{}"

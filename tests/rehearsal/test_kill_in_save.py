@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from training.launcher.launch import checkpoint_staging_dir
+from training.launcher.plan import checkpoint_staging_dir
 from training.rehearsal import audit
 from training.rehearsal.aws import ClusterNames
 from training.rehearsal.events import EventLog

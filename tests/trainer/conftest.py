@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from training.trainer.checkpoint import MARKER
+from training.common.steps import MARKER
 from training.trainer.config import ModelConfig
 from training.trainer.model import build_model
 

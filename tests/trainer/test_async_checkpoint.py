@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from training.common.steps import MARKER
 from training.spec import load_spec
-from training.trainer.checkpoint import MARKER, PendingSave, step_dirs
+from training.trainer.checkpoint import PendingSave, step_dirs
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.config import TrainerConfig
 from training.trainer.local_run import run_local

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from training.common.steps import MARKER
 from training.spec import load_spec
-from training.trainer.checkpoint import MARKER, latest_complete, step_dirs
+from training.trainer.checkpoint import latest_complete, step_dirs
 from training.trainer.config import TrainerConfig
 from training.trainer.train import Trainer
 

@@ -27,10 +27,12 @@ import torch
 from moto.server import ThreadedMotoServer
 from torch import nn
 
-from training.outcome import EXIT_FAILED, EXIT_STOPPED, Outcome
+from training.common.aws import CONNECT_TIMEOUT_S, MAX_ATTEMPTS
+from training.common.outcome import EXIT_FAILED, EXIT_STOPPED, Outcome
+from training.common.steps import MARKER
 from training.spec import load_spec
-from training.trainer.checkpoint import MARKER, Checkpointer, CheckpointStorageError
-from training.trainer.checkpoint_s3 import CONNECT_TIMEOUT_S, MAX_ATTEMPTS, S3CheckpointStore
+from training.trainer.checkpoint import Checkpointer, CheckpointStorageError
+from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import ConfigError, TrainerConfig
 from training.trainer.local_run import free_port, run_local
 from training.trainer.train import Trainer

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from training.outcome import Outcome
+from training.common.outcome import Outcome
 from training.spec import parse_spec
 from training.trainer.config import TrainerConfig
-from training.trainer.train import Trainer, to_device
+from training.trainer.stream import to_device
+from training.trainer.train import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

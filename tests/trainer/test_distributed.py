@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.outcome import EXIT_STOPPED, Outcome, read_rank_outcomes
+from training.common.outcome import EXIT_STOPPED, Outcome, read_rank_outcomes
 from training.trainer.checkpoint import latest_complete
 from training.trainer.local_run import run_local
 

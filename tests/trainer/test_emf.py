@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from training.outcome import EXIT_FINISHED
+from training.common.outcome import EXIT_FINISHED
+from training.common.steps import MARKER
 from training.spec import load_spec
 from training.trainer.__main__ import main
-from training.trainer.checkpoint import MARKER
 from training.trainer.config import TrainerConfig
 from training.trainer.emf import emf_document, emf_line
 from training.trainer.metrics import Interval, MetricsLogger, RunFacts

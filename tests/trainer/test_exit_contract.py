@@ -1,4 +1,4 @@
-"""The trainer's exit contract (``training.outcome``), through its real entry point in this
+"""The trainer's exit contract (``training.common.outcome``), through its real entry point in this
 process: finished exits 0, a graceful stop 75 with a durable checkpoint of its last step, a bad
 configuration 2; each writes ``rank-0.json`` with the same outcome. (Failures, exit 1: a lost
 peer in test_spot_safety.py, a last save that S3 refused in test_checkpoint_s3.py.)"""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from training.outcome import (
+from training.common.outcome import (
     EXIT_CONFIG,
     EXIT_FINISHED,
     EXIT_STOPPED,
@@ -17,9 +17,10 @@ from training.outcome import (
     RankOutcome,
     read_rank_outcomes,
 )
+from training.common.steps import MARKER
 from training.spec import load_spec
 from training.trainer.__main__ import main
-from training.trainer.checkpoint import MARKER, step_dirs
+from training.trainer.checkpoint import step_dirs
 from training.trainer.config import ConfigError, TrainerConfig
 
 from .conftest import write_spec

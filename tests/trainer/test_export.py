@@ -32,15 +32,17 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from training.common.steps import MARKER
 from training.data.transforms import EvalTransform, build_eval_transform
 from training.spec import Interpolation, load_spec
 from training.trainer import export
-from training.trainer.checkpoint import MARKER, Checkpointer
+from training.trainer.checkpoint import Checkpointer
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import TrainerConfig
-from training.trainer.export import ExportError, export_checkpoint, export_trained, write_model
+from training.trainer.export import export_checkpoint, export_trained, write_model
 from training.trainer.local_run import FORKSERVER_PRELOAD, free_port
 from training.trainer.model import build_model
+from training.trainer.model_config import ExportError
 from training.trainer.parallel_dims import ParallelDims
 from training.trainer.parallelize import parallelize
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.trainer.inputs import EndOfData, SyntheticBatches, rank_positions
+from training.trainer.inputs import SyntheticBatches
+from training.trainer.stream import EndOfData, rank_positions
 
 
 def make(rank: int = 0, world: int = 1, batch: int = 4, epochs: int | None = None):

@@ -14,8 +14,8 @@ import torch.distributed.checkpoint as dcp
 from timm.optim import Lamb
 from timm.scheduler import CosineLRScheduler
 
+from training.common.steps import MARKER
 from training.spec import parse_spec
-from training.trainer.checkpoint import MARKER
 from training.trainer.config import ModelConfig
 from training.trainer.local_run import run_local
 from training.trainer.model import build_model

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import torch
 
+from training.common.outcome import EXIT_STOPPED
 from training.data.augment import AugmentedSamples
 from training.dataplane.processes import start_server_process
 from training.dataplane.server import create_server
 from training.dataplane.sources import BatchWork, PremadeBatchSource
-from training.outcome import EXIT_STOPPED
 from training.spec import load_spec
 from training.trainer.config import TrainerConfig
-from training.trainer.inputs import EndOfData
 from training.trainer.remote import DataPlaneBatches
 from training.trainer.sample_log import read_sample_log
+from training.trainer.stream import EndOfData
 from training.trainer.train import Trainer
 
 from .conftest import load_params, write_spec

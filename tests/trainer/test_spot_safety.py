@@ -19,13 +19,14 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as torch_mp
 from torch import nn
 
+from training.common.outcome import EXIT_CONFIG, EXIT_FAILED, Outcome, read_rank_outcomes
+from training.common.steps import MARKER
 from training.data import epoch_order
-from training.outcome import EXIT_CONFIG, EXIT_FAILED, Outcome, read_rank_outcomes
 from training.spec import load_spec
-from training.trainer.checkpoint import MARKER, Checkpointer, CheckpointStorageError, step_dirs
-from training.trainer.inputs import rank_positions
+from training.trainer.checkpoint import Checkpointer, CheckpointStorageError, step_dirs
 from training.trainer.local_run import FORKSERVER_PRELOAD, LocalJob, free_port, run_local
 from training.trainer.sample_log import read_sample_log
+from training.trainer.stream import rank_positions
 
 from .conftest import write_spec
 

@@ -7,32 +7,15 @@ from training.data.datasets import (
     ImageSource,
     S3Images,
     SyntheticImages,
-    build_dataset,
 )
 from training.data.loader import local_loader
 from training.data.order import batch_seed, epoch_order, epoch_seed
-from training.data.splits import Split, SubsetImages, build_split, build_splits, split_indices
+from training.data.splits import (
+    Split,
+    SubsetImages,
+    build_dataset,
+    build_split,
+    build_splits,
+    split_indices,
+)
 from training.data.transforms import build_transform, decode_image
-
-__all__ = [
-    "AugmentedSamples",
-    "Batch",
-    "FolderImages",
-    "ImageSource",
-    "S3Images",
-    "Split",
-    "SubsetImages",
-    "SyntheticImages",
-    "augment_samples",
-    "batch_seed",
-    "build_dataset",
-    "build_split",
-    "build_splits",
-    "build_transform",
-    "decode_image",
-    "epoch_order",
-    "epoch_seed",
-    "load_image",
-    "local_loader",
-    "split_indices",
-]

@@ -8,18 +8,15 @@ its worker processes.
 from __future__ import annotations
 
 import io
-import logging
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse
 
 import numpy as np
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-from training.spec import DatasetSource, DatasetSpec
-
-log = logging.getLogger(__name__)
+from training.common import s3
+from training.data.lazy_s3 import LazyS3Client
 
 
 class ImageSource(Protocol):
@@ -134,28 +131,6 @@ class FolderImages:
         return f"folder {self.root} ({len(self.samples)} images, {self.num_classes} classes)"
 
 
-class LazyS3Client:
-    """An S3 client made on first use in each process: boto3 clients do not pickle, so the
-    attributes named in ``_not_pickled`` are dropped when a source is sent to a worker."""
-
-    _client: Any
-    _not_pickled: tuple[str, ...] = ("_client",)
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            import boto3  # deferred: only S3 datasets pay for importing boto3
-
-            self._client = boto3.client("s3")
-        return self._client
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for name in self._not_pickled:
-            state[name] = None
-        return state
-
-
 class S3Images(LazyS3Client):
     """Images under an S3 prefix: ``s3://bucket/prefix/<class>/<image>``; the class is the first
     sub-prefix. Keys are listed once; each process makes its own boto3 client. ``field`` is the
@@ -164,23 +139,17 @@ class S3Images(LazyS3Client):
     def __init__(
         self, uri: str, *, client: Any | None = None, field: str = "job.dataset.path"
     ) -> None:
-        parsed = urlparse(uri)
-        if parsed.scheme != "s3" or not parsed.netloc:
-            raise ValueError(f"{field} {uri!r} must look like s3://bucket/prefix/")
+        try:
+            self.bucket, self.prefix = s3.parse_s3_uri(uri)
+        except ValueError:
+            raise ValueError(f"{field} {uri!r} must look like s3://bucket/prefix/") from None
         self.uri = uri
-        self.bucket = parsed.netloc
-        self.prefix = parsed.path.lstrip("/")
-        if self.prefix and not self.prefix.endswith("/"):
-            self.prefix += "/"
         self._client = client
         by_class: dict[str, list[str]] = {}
-        paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
-            for obj in page.get("Contents", []):
-                key: str = obj["Key"]
-                parts = key[len(self.prefix) :].split("/")
-                if len(parts) == 2 and parts[1].lower().endswith(IMG_EXTENSIONS):
-                    by_class.setdefault(parts[0], []).append(key)
+        for key in s3.list_keys(self.client, self.bucket, self.prefix):
+            parts = key[len(self.prefix) :].split("/")
+            if len(parts) == 2 and parts[1].lower().endswith(IMG_EXTENSIONS):
+                by_class.setdefault(parts[0], []).append(key)
         if not by_class:
             raise ValueError(
                 f"{field} {uri!r}: no images found under <prefix>/<class>/ "
@@ -206,31 +175,3 @@ class S3Images(LazyS3Client):
 
     def describe(self) -> str:
         return f"{self.uri} ({len(self.keys)} images, {self.num_classes} classes)"
-
-
-def build_dataset(spec: DatasetSpec) -> ImageSource:
-    """The whole image source the spec's ``[job.dataset]`` describes (``path``; with
-    ``val_fraction`` the validation share is still in it: train and evaluate on
-    ``training.data.splits.build_split``); raises ``ValueError`` naming the field to fix when
-    the folder or prefix holds no usable images."""
-    source: ImageSource
-    if spec.source is DatasetSource.SYNTHETIC:
-        source = SyntheticImages(spec.num_samples, spec.num_classes, spec.image_size)
-    elif spec.source is DatasetSource.FOLDER:
-        if not spec.path:
-            raise ValueError("job.dataset.path is required for source 'folder'")
-        source = FolderImages(spec.path)
-    elif spec.source is DatasetSource.S3:
-        if not spec.path:
-            raise ValueError("job.dataset.path is required for source 's3'")
-        source = S3Images(spec.path)
-    elif spec.source is DatasetSource.SHARDS:
-        if not spec.path:
-            raise ValueError("job.dataset.path is required for source 'shards'")
-        from training.data.shard_source import shard_splits
-
-        source = shard_splits(spec)[0]  # the training split: a prepared dataset is split
-    else:  # pragma: no cover - the spec's enum is exhaustive
-        raise ValueError(f"unknown dataset source {spec.source!r}")
-    log.info("dataset: %s", source.describe())
-    return source

@@ -35,7 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+
+from training.common import aws, s3
 
 FORMAT = "hetero-shards/1"
 MANIFEST_NAME = "manifest.json"
@@ -131,11 +132,8 @@ def sha256_hex(data: bytes) -> str:
 
 def file_sha256(path: Path) -> str:
     """A file's sha256, read in chunks (a shard may be hundreds of MB)."""
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def manifest_uri(path: str) -> str:
@@ -152,15 +150,13 @@ def folder_of(uri: str) -> str:
 
 def read_bytes(uri: str, *, client: Any | None = None) -> bytes:
     """A local file's or an ``s3://`` object's bytes."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        if client is None:
-            import boto3
-
-            client = boto3.client("s3")
-        body = client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
-        return bytes(body.read())
-    return Path(uri).read_bytes()
+    if not s3.is_s3_uri(uri):
+        return Path(uri).read_bytes()
+    bucket, key = s3.parse_s3_object(uri)
+    data = s3.read_object(aws.client() if client is None else client, bucket, key)
+    if data is None:
+        raise FileNotFoundError(f"no such object: {uri}")
+    return data
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:

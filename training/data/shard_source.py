@@ -27,10 +27,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from training import aws_tags
-from training.data.datasets import LazyS3Client
+from training.common import s3
+from training.common.names import ENV_SHARD_CACHE_DIR
+from training.data.lazy_s3 import LazyS3Client
 from training.data.manifest import (
     Manifest,
     ManifestError,
@@ -51,7 +51,7 @@ DEFAULT_CACHE_FOLDER = "hetero-shards"
 def default_cache_dir() -> Path:
     """``$HETERO_SHARD_CACHE_DIR`` (set by the instance's boot: the folder on instance store
     where the type has it), else ``$TMPDIR/hetero-shards``."""
-    provisioned = os.environ.get(aws_tags.ENV_SHARD_CACHE_DIR)
+    provisioned = os.environ.get(ENV_SHARD_CACHE_DIR)
     if provisioned:
         return Path(provisioned)
     return Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / DEFAULT_CACHE_FOLDER
@@ -186,7 +186,7 @@ class ShardImages(LazyS3Client):
         self.num_classes = len(self.classes)
         self.window = window
         self.folder = folder_of(self.uri)
-        self.remote = urlparse(self.uri).scheme == "s3"
+        self.remote = s3.is_s3_uri(self.uri)
         self._cache: ShardCache | None = None
         self._cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self._cache_bytes = cache_bytes
@@ -248,8 +248,8 @@ class ShardImages(LazyS3Client):
             return self.cache.get(shard, self._download)
 
     def _download(self, shard: Shard, path: Path) -> None:
-        parsed = urlparse(self.folder + shard.name)
-        self.client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(path))
+        bucket, key = s3.parse_s3_object(self.folder + shard.name)
+        self.client.download_file(bucket, key, str(path))
         log.info("shard cache: fetched %s (%d bytes)", shard.name, shard.bytes)
 
 

@@ -29,7 +29,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from training.data.datasets import FolderImages, ImageSource, S3Images, build_dataset
+from training.data.datasets import FolderImages, ImageSource, S3Images, SyntheticImages
+from training.data.shard_source import shard_splits
 from training.spec import DatasetSource, DatasetSpec
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,59 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
             f"job.dataset.val_fraction = {fraction:g} of {n} samples leaves no training sample; "
             "use a smaller fraction or a bigger dataset"
         )
-    bits = np.random.PCG64(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, _SPLIT_TAG]))
-    keys = bits.random_raw(n)
-    order = np.argsort(keys, kind="stable")
+    order = seeded_order(n, seed, _SPLIT_TAG)
     return np.sort(order[n_val:]).astype(np.int64), np.sort(order[:n_val]).astype(np.int64)
+
+
+def seeded_order(n: int, seed: int, tag: int) -> np.ndarray:
+    """A permutation of ``range(n)`` by ``seed`` (``tag``: the stream of one use), the same on
+    any machine and numpy version: from PCG64's raw output for a ``SeedSequence``."""
+    bits = np.random.PCG64(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, tag]))
+    return np.argsort(bits.random_raw(n), kind="stable")
+
+
+def check_same_classes(
+    train: Sequence[str], val: Sequence[str], val_where: str, train_where: str
+) -> None:
+    """ValueError unless the validation source's class names are the training source's, in the
+    same order (label ``i`` means the same class in both); ``*_where``: each as the user named
+    it (field or flag, and value)."""
+    if list(val) == list(train):
+        return
+    missing = sorted(set(train) - set(val))
+    extra = sorted(set(val) - set(train))
+    differ = [f"missing there: {missing}"] if missing else []
+    differ += [f"only there: {extra}"] if extra else []
+    raise ValueError(
+        f"{val_where} must have the same class names as {train_where}; "
+        f"{'; '.join(differ) or 'their order differs'}"
+    )
+
+
+def build_dataset(spec: DatasetSpec) -> ImageSource:
+    """The whole image source the spec's ``[job.dataset]`` describes (``path``; with
+    ``val_fraction`` the validation share is still in it: train and evaluate on
+    ``training.data.splits.build_split``); raises ``ValueError`` naming the field to fix when
+    the folder or prefix holds no usable images."""
+    source: ImageSource
+    if spec.source is DatasetSource.SYNTHETIC:
+        source = SyntheticImages(spec.num_samples, spec.num_classes, spec.image_size)
+    elif spec.source is DatasetSource.FOLDER:
+        if not spec.path:
+            raise ValueError("job.dataset.path is required for source 'folder'")
+        source = FolderImages(spec.path)
+    elif spec.source is DatasetSource.S3:
+        if not spec.path:
+            raise ValueError("job.dataset.path is required for source 's3'")
+        source = S3Images(spec.path)
+    elif spec.source is DatasetSource.SHARDS:
+        if not spec.path:
+            raise ValueError("job.dataset.path is required for source 'shards'")
+        source = shard_splits(spec)[0]  # the training split: a prepared dataset is split
+    else:  # pragma: no cover - the spec's enum is exhaustive
+        raise ValueError(f"unknown dataset source {spec.source!r}")
+    log.info("dataset: %s", source.describe())
+    return source
 
 
 def _val_source(spec: DatasetSpec) -> ImageSource:
@@ -146,8 +196,6 @@ def build_splits(
     ``build_dataset(spec)`` when the caller has it already (it is not listed again). Raises
     ``ValueError`` naming the field to fix."""
     if spec.source is DatasetSource.SHARDS:
-        from training.data.shard_source import shard_splits
-
         train_shards, val_shards = shard_splits(spec)  # the split the manifest holds
         if val_shards is not None:
             log.info("validation split: %s", val_shards.describe())
@@ -155,18 +203,12 @@ def build_splits(
     whole = full if full is not None else build_dataset(spec)
     if spec.val_path is not None:
         val = _val_source(spec)
-        if list(val.classes) != list(whole.classes):
-            missing = sorted(set(whole.classes) - set(val.classes))
-            extra = sorted(set(val.classes) - set(whole.classes))
-            differ = []
-            if missing:
-                differ.append(f"missing there: {missing}")
-            if extra:
-                differ.append(f"only there: {extra}")
-            raise ValueError(
-                f"job.dataset.val_path {spec.val_path!r} must have the same class names as "
-                f"job.dataset.path {spec.path!r}; {'; '.join(differ) or 'their order differs'}"
-            )
+        check_same_classes(
+            whole.classes,
+            val.classes,
+            f"job.dataset.val_path {spec.val_path!r}",
+            f"job.dataset.path {spec.path!r}",
+        )
         log.info("validation split: %s", val.describe())
         return whole, val
     if spec.val_fraction > 0:

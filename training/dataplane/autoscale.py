@@ -39,7 +39,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import queue
 import statistics
 import threading
@@ -50,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from training.common import aws
+from training.common.files import write_atomically
 from training.spec import ClusterSpec, InstanceGroup
 
 log = logging.getLogger(__name__)
@@ -327,9 +328,7 @@ class FileActuator:
 
 
 def write_desired(path: Path, count: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"count": count}) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps({"count": count}) + "\n")
 
 
 def read_desired(path: Path) -> int | None:
@@ -355,9 +354,7 @@ class AsgActuator:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
-
-            self._client = boto3.client("autoscaling")
+            self._client = aws.client("autoscaling")
         return self._client
 
     def current(self) -> int | None:
@@ -400,7 +397,7 @@ def backend_arg(spec: ClusterSpec, backend: str, cluster: str) -> str:
     if policy is None:
         return ""
     if backend == "ec2":
-        from training.aws_tags import asg_name
+        from training.common.names import asg_name
 
         return f"asg:{asg_name(cluster, policy.group)}"
     return "report" if backend == "sagemaker" else ""

@@ -18,15 +18,41 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from training.common import aws
+from training.common.hosts import (
+    LOOPBACK,
+    list_cluster_instances,
+    sagemaker_hosts,
+    terminating_instances,
+)
+from training.common.names import SAGEMAKER_RESOURCECONFIG
 from training.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
-SAGEMAKER_RESOURCECONFIG = "/opt/ml/input/config/resourceconfig.json"
+
+def data_server_addresses(
+    spec: ClusterSpec, hosts: Mapping[str, Sequence[str]], base_port: int | None = None
+) -> tuple[str, ...]:
+    """``host:port`` for each data server: ports ``base_port + i`` for the i-th on a host."""
+    port = spec.job.dataplane.port if base_port is None else base_port
+    out: list[str] = []
+    for g in spec.dataprep_groups:
+        for host in hosts.get(g.name, ()):
+            out.extend(f"{host}:{port + i}" for i in range(g.ranks_per_instance))
+    return tuple(out)
+
+
+def loopback_servers(spec: ClusterSpec) -> tuple[str, ...]:
+    """Every data server of the spec on 127.0.0.1, on consecutive ports from the spec's port
+    (a local run)."""
+    port = spec.job.dataplane.port
+    count = sum(g.count * g.ranks_per_instance for g in spec.dataprep_groups)
+    return tuple(f"{LOOPBACK}:{port + i}" for i in range(count))
 
 
 class DiscoveryError(RuntimeError):
@@ -104,8 +130,6 @@ class SageMakerServers:
         self.path = Path(path)
 
     def addresses(self) -> list[str]:
-        from training.launcher.peers import data_server_addresses, sagemaker_hosts
-
         try:
             config = json.loads(self.path.read_text())
         except (OSError, ValueError) as e:
@@ -137,22 +161,11 @@ class Ec2Servers:
 
     def _clients(self) -> None:
         """boto3 clients, made on first use (parsing a spec needs no AWS)."""
-        if self._ec2 is None or self._autoscaling is None:
-            import boto3  # only EC2 discovery needs it
-
-            self._ec2 = self._ec2 or boto3.client("ec2", region_name=self.region)
-            self._autoscaling = self._autoscaling or boto3.client(
-                "autoscaling", region_name=self.region
-            )
+        self._ec2 = self._ec2 or aws.client("ec2", region=self.region)
+        self._autoscaling = self._autoscaling or aws.client("autoscaling", region=self.region)
 
     def addresses(self) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
-
-        from training.launcher.peers import (
-            data_server_addresses,
-            list_cluster_instances,
-            terminating_instances,
-        )
 
         dataprep = {g.name for g in self.spec.dataprep_groups}
         try:
@@ -186,7 +199,7 @@ def parse_discovery(text: str, spec: ClusterSpec) -> ServerDiscovery:
     if kind == "ec2":
         import os
 
-        from training.aws_tags import ENV_REGION
+        from training.common.names import ENV_REGION
 
         region = os.environ.get("AWS_REGION") or os.environ.get(ENV_REGION)
         return Ec2Servers(spec, cluster=arg or None, region=region)
@@ -197,9 +210,7 @@ def parse_discovery(text: str, spec: ClusterSpec) -> ServerDiscovery:
             raise ValueError("file: needs a path (file:/path/to/servers.txt)")
         return FileServers(arg)
     if kind == "loopback" and not arg:
-        from training.launcher.peers import local_peers
-
-        return StaticServers(local_peers(spec).data_servers)
+        return StaticServers(loopback_servers(spec))
     try:
         return StaticServers(text.split(","))
     except ValueError as e:

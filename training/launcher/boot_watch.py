@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from training.aws_tags import TAG_CLUSTER, TAG_GROUP
+from training.common.jobrecord import JobRecord
+from training.common.names import TAG_CLUSTER, TAG_GROUP
 from training.launcher.early_exit import past_budget
-from training.launcher.jobrecord import JobRecord
 
 log = logging.getLogger(__name__)
 

@@ -23,17 +23,19 @@ to 0 (``ec2_job.py``).
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from training.launcher.jobparam import JobPointer
+from training.common.jobparam import JobPointer
+from training.common.names import ENV_BUDGET_DEADLINE
 from training.spec import ClusterSpec
 
-ENV_DEADLINE = "HETERO_BUDGET_DEADLINE"
-"""Epoch seconds at which the job's budget runs out: the trainer stops with a checkpoint then
-(its ``--max-seconds`` defaults to what is left of it)."""
+log = logging.getLogger(__name__)
+
 REASON_PREFIX = "budget: "
 
 
@@ -136,3 +138,64 @@ def job_started(record: Any, pointer_started: str | None, *, now: float | None =
     if from_pointer is not None:
         return from_pointer
     return float(record.started(time.time() if now is None else now))
+
+
+class JobClock:
+    """A host's budget clock: ``budget`` against the time since the job started, which is asked
+    once (``job_started``) and then kept."""
+
+    def __init__(
+        self, budget: Budget, record: Any | None, pointer_started: Callable[[], str | None]
+    ) -> None:
+        self.budget = budget
+        self.record = record
+        self.pointer_started = pointer_started
+        """The job pointer's ``started`` (None: no pointer, or a deploy's job)."""
+        self._started: float | None = None
+        """The job's start (epoch seconds) for its budget, once known."""
+
+    def job_start(self) -> float | None:
+        """When the job started (``job_started``: the pointer's time, else the record's,
+        written by the first host to ask), once known; None while it cannot be read (logged)."""
+        if self._started is None:
+            pointer_started = self.pointer_started()
+            try:
+                if self.record is None:
+                    self._started = parse_started(pointer_started)
+                else:
+                    self._started = job_started(self.record, pointer_started)
+            except Exception as e:  # S3 unreachable: try again next time.
+                log.warning("could not read the job's start: %s", e)
+                return None
+        return self._started
+
+    def elapsed(self) -> float | None:
+        """Seconds since the job started; None without a cap, or when the start cannot be known
+        (no job record and no pointer time: logged, no cap applies)."""
+        if not self.budget.capped:
+            return None
+        started = self.job_start()
+        if started is None:
+            log.warning("the job's start is unknown (no job record): its budget is not kept")
+            return None
+        return time.time() - started
+
+    def spent(self) -> bool:
+        elapsed = self.elapsed()
+        return elapsed is not None and self.budget.reached(elapsed)
+
+    def trainer_env(self) -> dict[str, str]:
+        """When the budget runs out (epoch seconds), for the trainer: its ``--max-seconds``
+        defaults to what is left of it when it parses its arguments (torchrun's start counts)."""
+        elapsed = self.elapsed()
+        if elapsed is None or self._started is None:
+            return {}
+        deadline = self.budget.deadline(self._started)
+        if deadline is None:
+            return {}
+        log.info(
+            "budget: %s; the trainer may run until %.0f s from now",
+            self.budget.describe(elapsed),
+            deadline - time.time(),
+        )
+        return {ENV_BUDGET_DEADLINE: f"{deadline:.3f}"}

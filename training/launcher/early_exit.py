@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from training.common.aws import client
+from training.common.jobrecord import JobRecord
+from training.common.outcome import EXIT_FAILED, Outcome
 from training.launcher import job_end
-from training.launcher.jobrecord import JobRecord
-from training.outcome import EXIT_FAILED, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +103,7 @@ def leave_service(
         )
         return code
     if autoscaling is None:
-        import boto3
-
-        autoscaling = boto3.client("autoscaling")
+        autoscaling = client("autoscaling")
     replaced: dict[str, dict[str, Any]] | None = None
     if record is not None:
         try:

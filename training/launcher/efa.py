@@ -4,7 +4,8 @@ The image carries the EFA user-space stack (``containers/Dockerfile``: libfabric
 under ``/opt/amazon/efa``, the aws-ofi-nccl plugin under ``/opt/amazon/ofi-nccl``). NCCL loads
 the plugin on every host; where EFA does not work, NCCL falls back to TCP sockets without a
 word. This module makes the choice visible in one log line and, for ``efa = "on"``, a
-requirement that stops the host before torchrun (``training.outcome.EXIT_CONFIG``). It checks:
+requirement that stops the host before torchrun (``training.common.outcome.EXIT_CONFIG``). It
+checks:
 
 - devices: EFA devices the kernel shows (``/sys/class/infiniband/*`` with the ``efa`` driver)
   and the ``/dev/infiniband/uverbs*`` nodes ``docker run --device`` passed into this container;

@@ -18,13 +18,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from training.common.names import ENV_GROUP, SAGEMAKER_RESOURCECONFIG, TAG_CLUSTER, TAG_GROUP
 from training.launcher.imds import ImdsClient, ImdsError
-from training.launcher.names import CLUSTER_TAG, ENV_GROUP, GROUP_TAG
 from training.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
-
-SAGEMAKER_RESOURCECONFIG = Path("/opt/ml/input/config/resourceconfig.json")
 
 
 class GroupSource(StrEnum):
@@ -69,7 +67,7 @@ def detect_group(
     *,
     flag: str | None = None,
     environ: Mapping[str, str],
-    resourceconfig: Path = SAGEMAKER_RESOURCECONFIG,
+    resourceconfig: Path = Path(SAGEMAKER_RESOURCECONFIG),
     imds: ImdsClient | None = None,
 ) -> GroupIdentity:
     """This host's group, from the first source that names one (order in the module docstring).
@@ -144,16 +142,16 @@ def _from_sagemaker(path: Path, attempts: list[str]) -> GroupIdentity | None:
 
 
 def _from_imds(imds: ImdsClient, attempts: list[str]) -> GroupIdentity | None:
-    where = f"EC2 instance tag {GROUP_TAG!r} via IMDSv2 at {imds.base_url}"
+    where = f"EC2 instance tag {TAG_GROUP!r} via IMDSv2 at {imds.base_url}"
     try:
-        group = imds.get(f"/latest/meta-data/tags/instance/{GROUP_TAG}")
+        group = imds.get(f"/latest/meta-data/tags/instance/{TAG_GROUP}")
         if group is None:
             attempts.append(
                 f"{where}: not found (is the tag set, and are instance metadata tags enabled "
                 "in the launch template?)"
             )
             return None
-        cluster = imds.get(f"/latest/meta-data/tags/instance/{CLUSTER_TAG}")
+        cluster = imds.get(f"/latest/meta-data/tags/instance/{TAG_CLUSTER}")
         instance_id = imds.get("/latest/meta-data/instance-id")
         host = imds.get("/latest/meta-data/local-ipv4")
         region = imds.get("/latest/meta-data/placement/region")

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from training.launcher.jobrecord import JobRecord
-from training.launcher.names import ENV_ASG_NAMES
-from training.outcome import Outcome
+from training.common.jobrecord import JobRecord
+from training.common.names import ENV_ASG_NAMES
+from training.common.outcome import Outcome
 
 log = logging.getLogger(__name__)
 

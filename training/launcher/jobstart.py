@@ -38,14 +38,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from training import aws_tags
-from training.launcher.jobparam import (
+from training.common.aws import client
+from training.common.jobparam import (
+    MAX_ATTEMPTS,
     STARTED_ID_PREFIX,
     JobParameterNotFound,
     JobPointer,
     JobPointerError,
     read_job_pointer,
 )
+from training.common.names import asg_name, job_parameter_name
+from training.common.s3 import parse_s3_uri
 from training.spec import ClusterSpec, InstanceGroup, load_spec
 
 log = logging.getLogger(__name__)
@@ -93,13 +96,13 @@ def new_job_id(now: datetime, token: str) -> str:
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
+    try:
+        return parse_s3_uri(uri)
+    except ValueError as e:
         raise JobStartError(
             f"the job's checkpoint URI {uri!r} is not in S3: hetero job start moves and creates "
             "job folders in the stack's checkpoint bucket only (s3://...)"
-        )
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    return bucket, prefix
+        ) from e
 
 
 def check_groups(
@@ -107,7 +110,7 @@ def check_groups(
 ) -> None:
     """Refuse (``JobStartError``) when a group is missing, was deployed with another count
     than the spec's, or still has capacity (unless ``force``)."""
-    names = {g.name: aws_tags.asg_name(spec.name, g.name) for g in spec.groups}
+    names = {g.name: asg_name(spec.name, g.name) for g in spec.groups}
     found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names.values()))
     by_name = {g["AutoScalingGroupName"]: g for g in found.get("AutoScalingGroups", [])}
     missing = [n for n in names.values() if n not in by_name]
@@ -207,7 +210,7 @@ def start_job(
     for flag, cap in (("--max-usd", max_usd), ("--max-hours", max_hours)):
         if cap is not None and not cap > 0:
             raise JobStartError(f"{flag} must be above 0, got {cap:g}")
-    name = aws_tags.job_parameter_name(spec.name)
+    name = job_parameter_name(spec.name)
     previous = read_job_pointer(ssm, name)
     check_groups(spec, autoscaling, job_id=previous.job_id, spec_path=spec_path, force=force)
     now = now or datetime.now(UTC)
@@ -228,7 +231,7 @@ def start_job(
         history_uri, moved = archive_job_record(s3, previous.checkpoint_uri, previous.job_id)
     ssm.put_parameter(Name=name, Value=pointer.to_json(), Type="String", Overwrite=True)
     log.info("job pointer %s: %s", name, pointer.to_json())
-    sizes = {aws_tags.asg_name(spec.name, g.name): group_sizes(g) for g in spec.groups}
+    sizes = {asg_name(spec.name, g.name): group_sizes(g) for g in spec.groups}
     groups = tuple((asg, desired) for asg, (_, _, desired) in sizes.items())
     failed = []
     for asg, (low, high, desired) in sizes.items():
@@ -295,18 +298,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from training.launcher.jobparam import ssm_client
+    from botocore.exceptions import BotoCoreError, ClientError  # Deferred: a heavy import.
 
     spec = load_spec(args.spec)
     try:
         started = start_job(
             spec,
-            ssm=ssm_client(args.region),
-            autoscaling=boto3.client("autoscaling", region_name=args.region),
-            s3=boto3.client("s3", region_name=args.region),
+            ssm=client("ssm", region=args.region, attempts=MAX_ATTEMPTS),
+            autoscaling=client("autoscaling", region=args.region),
+            s3=client("s3", region=args.region),
             fresh=args.fresh,
             force=args.force,
             spec_path=args.spec,

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import grpc
 
+from training.common.hosts import LOOPBACK
 from training.dataplane.autoscale import policy_for
 from training.launcher import roles
 from training.launcher.local_tier import LocalDataTier, reports_serving
-from training.launcher.peers import LOOPBACK
+from training.launcher.supervised import run_role
 from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
-from training.outcome import clear_outcomes, read_host_outcome
 from training.spec import ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -325,6 +325,9 @@ def _run_trainer(
     tier: LocalDataTier | None = None,
 ) -> int | None:
     n = nproc if nproc is not None else default_nproc(spec)
+    # torchrun reports any non-zero rank exit as 1; the ranks' outcome files tell a graceful
+    # stop (75: checkpointed, resumable) from a failure.
+    outcome_dir = run_dir / "outcome"
     cmd = roles.trainer_command(
         spec,
         spec_path=spec_path,
@@ -335,30 +338,30 @@ def _run_trainer(
             [f"file:{tier.servers_file.resolve()}"] if tier else [addr for addr, _ in servers]
         ),
         nproc_per_node=n,
+        outcome_dir=outcome_dir,
         autoscale=f"file:{tier.desired_file.resolve()}" if tier else "",
     )
     log.info("trainer: %d process(es), %d data server(s); output in %s", n, len(servers), run_dir)
-    env = {**os.environ, **cmd.env}
+    env = dict(os.environ)
     if visible_gpus() == 0 and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks share the cores with the data servers; torchrun with one rank does not limit
         # threads, and oversubscribed ranks ran 4-5x slower per step on a 2-core machine.
         cores = os.cpu_count() or 1
         env["OMP_NUM_THREADS"] = str(max(1, cores // (n + len(servers))))
-    # torchrun reports any non-zero rank exit as 1; the ranks' outcome files tell a graceful
-    # stop (75: checkpointed, resumable) from a failure.
-    outcome_dir = run_dir / "outcome"
-    clear_outcomes(outcome_dir)
-    argv = (*cmd.argv, "--outcome-dir", str(outcome_dir))
-    # The trainer writes to this console directly: its progress is the run's progress.
-    trainer = sup.start("trainer", argv, env=env, stop_workers=True)
-    # On Ctrl-C the trainer gets SIGTERM (checkpoint, exit) and the grace period to do it.
-    if tier is not None:
-        while sup.stop_signal is None and sup.wait(trainer, timeout_s=0.5) is None:
+
+    def wait(children: list[Child]) -> list[int | None]:
+        (trainer,) = children
+        # On Ctrl-C the trainer gets SIGTERM (checkpoint, exit) and the grace period to do it.
+        while tier is not None and sup.stop_signal is None and sup.wait(trainer, 0.5) is None:
             tier.reconcile()
-    code = sup.wait(trainer)
-    if code is None or code == 0:
-        return code
-    return read_host_outcome(outcome_dir, n)[0].exit_code
+        return [sup.wait(trainer)]
+
+    # The trainer writes to this console directly: its progress is the run's progress.
+    ended = run_role(
+        sup, [("trainer", cmd)], env=env, outcome_dir=outcome_dir, trainer_ranks=n, wait=wait
+    )
+    code = ended.codes[0]
+    return code if not code or ended.outcome is None else ended.outcome.exit_code
 
 
 def _print_server_logs(logs: Path, lines: int = 20) -> None:

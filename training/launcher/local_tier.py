@@ -15,7 +15,6 @@ runs beside the trainer and reconciles the two, as an Auto Scaling group does on
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from training.common.files import write_atomically
 from training.dataplane.autoscale import read_desired, write_desired
 from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
 from training.launcher.supervisor import Child
@@ -93,9 +93,7 @@ class LocalDataTier:
         return [a for a, _ in self._fixed] + [s.address for s in self._serving]
 
     def _write_servers(self) -> None:
-        tmp = self.servers_file.with_name(f".{self.servers_file.name}.{os.getpid()}")
-        tmp.write_text("".join(f"{a}\n" for a in self.addresses()))
-        os.replace(tmp, self.servers_file)
+        write_atomically(self.servers_file, "".join(f"{a}\n" for a in self.addresses()))
 
     def reconcile(self) -> None:
         """One pass: start, list, unlist and stop servers toward the desired count."""

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from training.launcher.peers import list_cluster_instances, terminating_instances
+from training.common.hosts import list_cluster_instances, terminating_instances
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 RENDEZVOUS_PORT = 29500
 """Port of the static rendezvous (torch's MASTER_PORT) on the first trainer host."""
+RENDEZVOUS_TIMEOUT_S = 60
+"""How long trainer hosts wait for each other in torchrun's rendezvous."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def trainer_command(
     (torchrun picks a free local port). ``checkpoint_dir`` overrides the spec's folder.
     ``rendezvous_timeout_s`` bounds how long hosts wait for each other to join (torchrun's
     static rendezvous waits 600 s by default); ``outcome_dir`` receives each rank's outcome
-    file (``training.outcome``); ``autoscale`` is the data-tier controller's backend
+    file (``training.common.outcome``); ``autoscale`` is the data-tier controller's backend
     (``training.dataplane.autoscale.actuator_from_arg``; empty: none)."""
     nnodes = len(trainer_hosts)
     if nnodes == 0:

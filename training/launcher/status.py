@@ -21,11 +21,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from training import aws_tags
+from training.common.aws import client
+from training.common.hosts import list_cluster_instances
+from training.common.jobparam import (
+    MAX_ATTEMPTS,
+    JobParameterNotFound,
+    JobPointer,
+    read_job_pointer,
+)
+from training.common.jobrecord import JobRecord
+from training.common.names import ENV_CHECKPOINT_URI, asg_name, job_parameter_name
+from training.common.s3 import is_s3_uri, parse_s3_uri, s3_uri
 from training.launcher.budget import Budget, parse_started
-from training.launcher.jobparam import JobParameterNotFound, JobPointer, read_job_pointer
-from training.launcher.jobrecord import JobRecord
-from training.launcher.peers import list_cluster_instances
 from training.spec import ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -70,7 +77,7 @@ def collect(
     with ``ssm``, when the parameter exists), else at ``default_uri``."""
     status = JobStatus(cluster=spec.name)
     if ssm is not None:
-        name = aws_tags.job_parameter_name(spec.name)
+        name = job_parameter_name(spec.name)
         try:
             pointer = read_job_pointer(ssm, name)
             status.job = json.loads(pointer.to_json())  # as the parameter holds it
@@ -81,7 +88,7 @@ def collect(
             status.errors.append(f"job pointer {name}: {e}")
     checkpoint_uri = checkpoint_uri or default_uri
     status.checkpoint_uri = checkpoint_uri
-    names = [aws_tags.asg_name(spec.name, g.name) for g in spec.groups]
+    names = [asg_name(spec.name, g.name) for g in spec.groups]
     try:
         found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=names)
         by_name = {g["AutoScalingGroupName"]: g for g in found.get("AutoScalingGroups", [])}
@@ -131,7 +138,7 @@ def collect(
             status.decisions = JobRecord(checkpoint_uri, s3_client=s3).decisions()
         except Exception as e:
             status.errors.append(f"data-tier decisions in {checkpoint_uri}: {e}")
-        if checkpoint_uri.startswith("s3://"):
+        if is_s3_uri(checkpoint_uri):
             try:
                 from training.trainer.checkpoint_s3 import S3CheckpointStore
 
@@ -162,14 +169,13 @@ def budget_line(
 
 def _model_folder(s3: Any, checkpoint_uri: str) -> str | None:
     """``<checkpoint_uri>model/`` when its ``config.json`` (written last) is there."""
-    from training.trainer.checkpoint_s3 import parse_s3_uri
     from training.trainer.export import MODEL_FOLDER
 
     bucket, prefix = parse_s3_uri(checkpoint_uri)
     key = f"{prefix.rstrip('/')}/{MODEL_FOLDER}/config.json".lstrip("/")
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
     found = any(o["Key"] == key for o in listed.get("Contents", []))
-    return f"s3://{bucket}/{key.rpartition('/')[0]}/" if found else None
+    return s3_uri(bucket, f"{key.rpartition('/')[0]}/") if found else None
 
 
 def render(status: JobStatus) -> None:
@@ -277,27 +283,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-uri",
         help="where the checkpoints and the job record are (default: the current job's, from "
         "the SSM parameter /hetero/<name>/job; without that parameter "
-        f"${aws_tags.ENV_CHECKPOINT_URI}, else the spec's job.checkpoint.dir)",
+        f"${ENV_CHECKPOINT_URI}, else the spec's job.checkpoint.dir)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def run(args: argparse.Namespace) -> int:
-    import boto3
-
-    from training.launcher.jobparam import ssm_client
-
     spec = load_spec(args.spec)
     status = collect(
         spec,
         checkpoint_uri=args.checkpoint_uri,
-        ec2=boto3.client("ec2"),
-        autoscaling=boto3.client("autoscaling"),
-        s3=boto3.client("s3"),
-        ssm=ssm_client(),
-        default_uri=(
-            os.environ.get(aws_tags.ENV_CHECKPOINT_URI, "").strip() or spec.job.checkpoint.dir
-        ),
+        ec2=client("ec2"),
+        autoscaling=client("autoscaling"),
+        s3=client("s3"),
+        ssm=client("ssm", attempts=MAX_ATTEMPTS),
+        default_uri=(os.environ.get(ENV_CHECKPOINT_URI, "").strip() or spec.job.checkpoint.dir),
     )
     if args.json:
         json.dump(asdict(status), sys.stdout, indent=2, default=str)

@@ -67,7 +67,7 @@ class Child:
         torchrun answers SIGTERM by signalling each rank's whole process group (DataLoader
         workers included, which then die mid-batch). Signalling the ranks directly lets them
         checkpoint and exit "stopped" (75); torchrun then exits 1, and each rank's outcome file
-        (``training.outcome``) tells the launcher that the ranks stopped rather than failed.
+        (``training.common.outcome``) tells the launcher that the ranks stopped rather than failed.
         """
         if self.stop_workers:
             try:

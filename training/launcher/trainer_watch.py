@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from training.launcher.jobrecord import JobRecord
+from training.common.jobrecord import JobRecord
 
 log = logging.getLogger(__name__)
 

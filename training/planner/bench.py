@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.common.files import write_atomically
 from training.data.transforms import encode_recipe
 from training.planner.errors import PlanError
 from training.planner.results import RESULTS_DIR, THROUGHPUT_FILE, THROUGHPUT_FORMAT
@@ -475,10 +476,7 @@ def merge(store: Path, trainer: list[dict[str, Any]], dataprep: list[dict[str, A
         replaced = {key(e, fields) for e in new}
         kept = [e for e in data.get(name, []) if key(e, fields) not in replaced]
         data[name] = kept + new
-    store.parent.mkdir(parents=True, exist_ok=True)
-    tmp = store.with_suffix(store.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(store)
+    write_atomically(store, json.dumps(data, indent=2) + "\n")
 
 
 def run(args: argparse.Namespace) -> int:

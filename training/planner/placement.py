@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.planner.errors import aws_problem
-from training.preflight import AWS_ERRORS, Zone, _placement_scores, cloudformation_azs
+from training.preflight import AWS_ERRORS, Zone, cloudformation_azs
+from training.preflight.zones import _placement_scores
 from training.spec import InstanceGroup, Market, Role
 
 

@@ -26,7 +26,8 @@ from typing import Any
 from training import instance_types
 from training.planner import priors
 from training.planner.errors import aws_problem
-from training.preflight import AWS_ERRORS, _pages
+from training.preflight import AWS_ERRORS
+from training.preflight.core import _pages
 from training.spec import Market, PricesSpec
 
 log = logging.getLogger(__name__)

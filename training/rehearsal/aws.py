@@ -6,7 +6,7 @@ this process; ``provision(spec)`` creates what the cluster stack creates for one
 - a VPC ``127.0.0.0/16`` with one subnet ``127.0.1.0/24``: moto gives instances private IPs
   127.0.1.4, .5, ... in launch order, real loopback addresses every process can bind;
 - per instance group a launch template (IMDSv2 required, instance metadata tags on) and an Auto
-  Scaling group named ``training.aws_tags.asg_name(cluster, group)`` with MinSize = MaxSize =
+  Scaling group named ``training.common.names.asg_name(cluster, group)`` with MinSize = MaxSize =
   DesiredCapacity = count (an elastic group: MinSize ``min_size``, MaxSize ``max_size``, as the
   stack), tagged ``hetero:cluster``, ``hetero:group`` and ``hetero:role`` with
   PropagateAtLaunch, and a termination lifecycle hook ``hetero-checkpoint``;
@@ -33,7 +33,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from training.aws_tags import (
+from training.common.jobparam import JobPointer, deployed_job_id
+from training.common.names import (
     CHECKPOINT_PREFIX,
     TAG_CLUSTER,
     TAG_GROUP,
@@ -41,9 +42,8 @@ from training.aws_tags import (
     asg_name,
     job_parameter_name,
 )
+from training.common.s3 import read_object
 from training.launcher.boot_watch import INSTANCE_INITIATED_SHUTDOWN
-from training.launcher.jobparam import JobPointer, deployed_job_id
-from training.launcher.jobrecord import read_s3_object
 from training.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -333,8 +333,8 @@ class AwsEmulator:
 
     def read_object(self, bucket: str, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist (404, or a 403 whose exact-key
-        listing lacks it: the launcher's own reader, ``jobrecord.read_s3_object``)."""
-        return read_s3_object(self.client("s3"), bucket, key)
+        listing lacks it: the launcher's own reader, ``training.common.s3.read_object``)."""
+        return read_object(self.client("s3"), bucket, key)
 
     def list_keys(self, bucket: str, prefix: str) -> list[str]:
         keys: list[str] = []

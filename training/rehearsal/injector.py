@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from training.launcher.launch import checkpoint_staging_dir
+from training.launcher.plan import checkpoint_staging_dir
 from training.rehearsal.aws import AwsEmulator, ClusterNames
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import Fault, FaultKind

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import psutil
 
-from training.aws_tags import (
+from training.common.names import (
     ENV_ASG_NAMES,
     ENV_CHECKPOINT_URI,
     ENV_CLUSTER,
@@ -39,6 +39,7 @@ from training.aws_tags import (
     ENV_INSTANCE_ID,
     ENV_JOB_PARAMETER,
     ENV_REGION,
+    ENV_SAMPLE_LOG_DIR,
     TAG_CLUSTER,
     TAG_GROUP,
     TAG_ROLE,
@@ -47,7 +48,6 @@ from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, 
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import FaultKind
 from training.rehearsal.imds import ImdsEmulator
-from training.rehearsal.samples import SAMPLE_LOG_ENV
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def launcher_env(
             ENV_ASG_NAMES: ",".join(ctx.names.asg_names.values()),
             LIFECYCLE_HOOK_ENV: ctx.names.lifecycle_hook,
             **({ENV_JOB_PARAMETER: ctx.names.job_parameter} if ctx.names.job_parameter else {}),
-            SAMPLE_LOG_ENV: str(ctx.sample_dir),
+            ENV_SAMPLE_LOG_DIR: str(ctx.sample_dir),
             COLLECTIVE_TIMEOUT_ENV: str(COLLECTIVE_TIMEOUT_S),
             ENV_INSTANCE_ID: instance_id,  # the boot reads it from IMDS and passes it on
             RUN_ENV: ctx.run_id,

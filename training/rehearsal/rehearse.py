@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import resource
 import shutil
 import subprocess
@@ -25,9 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from training.common.jobrecord import JobRecord
+from training.common.steps import MARKER, step_of
 from training.data.order import order_for
 from training.data.splits import Split, build_split
-from training.launcher.jobrecord import JobRecord
 from training.rehearsal import audit, params, report
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, region_for
 from training.rehearsal.datatier import DesiredWatch, data_tier_facts
@@ -61,7 +61,6 @@ MAX_DECISIONS = 1000
 """The most data-tier decisions read back from the job record for the report."""
 REPLACED_PREFIX = "job/replaced/"
 """The job record's count of instances taken out of service, relative to the checkpoint URI."""
-_STEP_RE = re.compile(r"step-(\d+)/COMPLETE$")
 _INSTANCE_LOSS = (
     FaultKind.INTERRUPT,
     FaultKind.REBALANCE,
@@ -153,7 +152,8 @@ def replaced_instances(aws: AwsEmulator, names: ClusterNames) -> list[str]:
 def complete_steps(aws: AwsEmulator, names: ClusterNames) -> list[int]:
     """Checkpoint steps whose COMPLETE marker is in S3."""
     keys = aws.list_keys(names.bucket, names.checkpoint_prefix)
-    return sorted(int(m[1]) for k in keys if (m := _STEP_RE.search(k)))
+    steps = (step_of(k.split("/")[-2]) for k in keys if k.endswith(f"/{MARKER}"))
+    return sorted(n for n in steps if n is not None)
 
 
 def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SAMPLE_LOG_ENV = "HETERO_SAMPLE_LOG_DIR"
 _RANK_FILE_RE = re.compile(r"^rank-(\d+)\.jsonl$")
 
 

@@ -1,11 +1,12 @@
 """torchrun entry: ``python -m training.trainer --spec SPEC --run-dir DIR [--data-servers ...]``.
 
-Builds the configuration once and hands it to one ``Trainer``. Exit codes (``training.outcome``):
+Builds the configuration once and hands it to one ``Trainer``. Exit codes
+(``training.common.outcome``):
 0 the job finished (its steps or epochs; last checkpoint durable); 75 it stopped gracefully
 (SIGTERM, SIGINT, ``--max-seconds`` or a peer's stop) with a durable checkpoint of its last
 step, to be resumed; 1 any failure (a crash, a lost peer, a last checkpoint that could not be
 saved); 2 a bad spec, flags or environment. With ``--outcome-dir`` each rank also writes
-``rank-<RANK>.json`` (``training.outcome.write_rank_outcome``) before it exits, failures
+``rank-<RANK>.json`` (``training.common.outcome.write_rank_outcome``) before it exits, failures
 included, since torchrun reports every non-zero rank exit as 1. SIGUSR1 asks for a checkpoint
 without stopping (a rebalance recommendation).
 """
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.outcome import (
+from training.common.outcome import (
     EXIT_CONFIG,
     EXIT_FAILED,
     Outcome,

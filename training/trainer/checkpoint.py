@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import time
@@ -53,13 +52,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
+from training.common.files import write_atomically
+from training.common.steps import MARKER, step_name, step_of
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-_STEP_RE = re.compile(r"^step-(\d+)$")
 _PROBE_PREFIX = ".shared-probe-"
 
 
@@ -121,9 +120,9 @@ def step_dirs(directory: Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for child in directory.iterdir():
-        m = _STEP_RE.match(child.name)
-        if m and child.is_dir():
-            found.append((int(m.group(1)), child))
+        step = step_of(child.name)
+        if step is not None and child.is_dir():
+            found.append((step, child))
     return sorted(found)
 
 
@@ -389,12 +388,12 @@ class Checkpointer:
         return pending.final
 
     def _target(self, step: int) -> str:
-        return self.store.step_uri(step) if self.store else str(self.directory / f"step-{step}")
+        return self.store.step_uri(step) if self.store else str(self.directory / step_name(step))
 
     def _prepare(self, step: int) -> tuple[Path, Path] | None:
         """Clear leftovers of an earlier save of ``step``; None if ``step`` is already complete
         (e.g. stopped right after resuming from it: rank 0 decides, so every rank agrees)."""
-        final = self.directory / f"step-{step}"
+        final = self.directory / step_name(step)
         store = self.store
         done = self.from_rank0(
             (lambda: store.is_complete(step)) if store else (lambda: is_complete(final)),
@@ -402,7 +401,7 @@ class Checkpointer:
         )
         if done:
             return None
-        partial = self.directory / f"step-{step}.partial"
+        partial = self.directory / f"{step_name(step)}.partial"
 
         def clear_local() -> None:  # Each host clears its own leftovers of a cut-off save.
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -438,7 +437,9 @@ class Checkpointer:
         def finish() -> None:
             shutil.rmtree(final, ignore_errors=True)  # A marker-less leftover.
             os.replace(partial, final)
-            _write_durably(final / MARKER, json.dumps({"step": step, "time": time.time()}))
+            write_atomically(
+                final / MARKER, json.dumps({"step": step, "time": time.time()}), fsync=True
+            )
             self._prune_local()
 
         self.from_rank0(finish, f"completing checkpoint step {step}")
@@ -468,7 +469,9 @@ class Checkpointer:
                 os.replace(partial, final)
                 self._prune_local(complete_only=False)
             if self.rank == 0:
-                _write_durably(final / MARKER, json.dumps({"step": step, "time": time.time()}))
+                write_atomically(
+                    final / MARKER, json.dumps({"step": step, "time": time.time()}), fsync=True
+                )
                 store.upload_marker(final / MARKER, step)  # Last: now the step is loadable.
                 try:
                     store.prune(self.keep)
@@ -497,7 +500,7 @@ class Checkpointer:
             )
             if newest is None:
                 return None
-            path = self.directory / f"step-{newest}"
+            path = self.directory / step_name(newest)
 
             def readable() -> None:
                 if not is_complete(path) or not (path / ".metadata").is_file():
@@ -512,7 +515,7 @@ class Checkpointer:
         step = self.from_rank0(store.latest_complete, f"listing checkpoints in {store.uri}")
         if step is None:
             return None
-        path = self.directory / f"step-{step}"
+        path = self.directory / step_name(step)
 
         def download() -> None:
             t0 = time.perf_counter()
@@ -576,19 +579,6 @@ class Checkpointer:
 
 def _step_of(path: Path | None) -> int | None:
     return None if path is None else int(path.name.removeprefix("step-"))
-
-
-def _write_durably(path: Path, text: str) -> None:
-    """Write ``text`` and fsync the file and its folder, so the marker survives a crash."""
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _since(t0: float) -> float:

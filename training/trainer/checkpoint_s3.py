@@ -7,15 +7,14 @@ is never loaded. Pruning deletes a step's marker before its other files for the 
 boto3 takes its endpoint, region and credentials from the usual places (``AWS_ENDPOINT_URL``,
 ``AWS_REGION``, the instance role), so tests point it at a local moto server.
 
-The client's waits are bounded (``CLIENT_CONFIG``: a few seconds to connect or to hear back,
-three attempts in all), so an S3 outage fails a save within seconds instead of hanging it; the
-trainer decides what a failed save means (``training.trainer.checkpoint_policy``).
+The client's waits are bounded (``training.common.aws.client``: a few seconds to connect or to
+hear back, three attempts in all), so an S3 outage fails a save within seconds instead of hanging
+it; the trainer decides what a failed save means (``training.trainer.checkpoint_policy``).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,42 +22,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from training.common import aws, s3
+from training.common.steps import MARKER, step_name, step_of
+
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-"""Written last into a finished ``step-N/`` (the same name the local checkpoints use)."""
-_STEP_RE = re.compile(r"^step-(\d+)$")
 _TRANSFER_THREADS = 8
 """Files moved at once: a host with 8 ranks writes 8 shard files per save."""
-CONNECT_TIMEOUT_S = 3.0
-READ_TIMEOUT_S = 10.0
-MAX_ATTEMPTS = 3
-"""Attempts per request in all (botocore's ``standard`` retry mode, with backoff)."""
-
-
-def bounded_client() -> Any:
-    """A boto3 S3 client whose every call ends within seconds when S3 cannot be reached."""
-    import boto3  # Imported here: local-only runs never need it.
-    from botocore.config import Config
-
-    config = Config(
-        connect_timeout=CONNECT_TIMEOUT_S,
-        read_timeout=READ_TIMEOUT_S,
-        retries={"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"},
-    )
-    return boto3.client("s3", config=config)
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """(bucket, key prefix ending in '/' or empty) of ``s3://bucket/prefix``; ValueError naming
-    the URI when it is not one."""
-    if not uri.startswith("s3://"):
-        raise ValueError(f"{uri!r} is not an s3:// URI (expected s3://bucket/prefix)")
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"{uri!r} has no bucket name (expected s3://bucket/prefix)")
-    prefix = prefix.strip("/")
-    return bucket, f"{prefix}/" if prefix else ""
 
 
 class S3CheckpointStore:
@@ -67,27 +37,22 @@ class S3CheckpointStore:
 
     def __init__(self, uri: str, client: Any | None = None) -> None:
         self.uri = uri
-        self.bucket, self.prefix = parse_s3_uri(uri)
-        self.client = bounded_client() if client is None else client
+        self.bucket, self.prefix = s3.parse_s3_uri(uri)
+        self.client = aws.client() if client is None else client
 
     def step_uri(self, step: int) -> str:
-        return f"s3://{self.bucket}/{self._step_prefix(step)}"
+        return s3.s3_uri(self.bucket, self._step_prefix(step))
 
     def _step_prefix(self, step: int) -> str:
-        return f"{self.prefix}step-{step}/"
+        return f"{self.prefix}{step_name(step)}/"
 
     def steps(self) -> dict[int, list[str]]:
         """Step number -> every key under its ``step-N/`` (complete or not)."""
         found: dict[int, list[str]] = {}
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.prefix
-        )
-        for page in pages:
-            for obj in page.get("Contents", []):
-                folder = obj["Key"][len(self.prefix) :].split("/", 1)[0]
-                m = _STEP_RE.match(folder)
-                if m:
-                    found.setdefault(int(m.group(1)), []).append(obj["Key"])
+        for key in s3.list_keys(self.client, self.bucket, self.prefix):
+            step = step_of(key[len(self.prefix) :].split("/", 1)[0])
+            if step is not None:
+                found.setdefault(step, []).append(key)
         return found
 
     def _complete(self, steps: dict[int, list[str]]) -> list[int]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.aws_tags import ENV_CLUSTER
+from training.common.names import ENV_BUDGET_DEADLINE, ENV_CLUSTER, ENV_SAMPLE_LOG_DIR
+from training.common.s3 import parse_s3_uri
 from training.spec import ClusterSpec, GradCompression, Parallelism, Precision
-from training.trainer.checkpoint_s3 import parse_s3_uri
 
 ENV_COLLECTIVE_TIMEOUT = "HETERO_COLLECTIVE_TIMEOUT_S"
 """Seconds a rank waits in a training collective (gradients, the per-step flags) for its peers
@@ -28,11 +28,6 @@ and downloads) for its peers (default 600): a slow upload is not a lost peer."""
 ENV_FINAL_SAVE_RETRY = "HETERO_FINAL_SAVE_RETRY_S"
 """Seconds the last checkpoint of a run (a graceful stop, the end) keeps retrying a failing
 save before the run counts as failed (default 60)."""
-ENV_SAMPLE_LOG_DIR = "HETERO_SAMPLE_LOG_DIR"
-"""When set, each rank appends the sample ids of every applied step to
-``<dir>/rank-<RANK>.jsonl`` (``training.trainer.sample_log``)."""
-ENV_BUDGET_DEADLINE = "HETERO_BUDGET_DEADLINE"
-"""Epoch seconds at which the job's budget runs out (``training.launcher.budget`` sets it)."""
 ENV_MIN_STEP_S = "HETERO_MIN_STEP_S"
 """A pace for the trainer (tests and rehearsals: a stand-in for a slower or faster GPU): each
 optimizer step takes at least this long, data waits aside. ``S`` or ``S,STEP:S2[,...]`` (from

@@ -26,7 +26,7 @@ def build_autoscaler(config: TrainerConfig, stream: Any, rank: int) -> Autoscale
     group = next(g for g in config.spec.dataprep_groups if g.name == policy.group)
     record = None
     if config.checkpoint.s3_uri:
-        from training.launcher.jobrecord import JobRecord
+        from training.common.jobrecord import JobRecord
 
         record = JobRecord(config.checkpoint.s3_uri)
 

@@ -17,7 +17,7 @@ What this module relies on from that specification:
 - every metric and dimension a directive names is a member of the root object; a metric value
   is a number.
 
-Here: namespace ``hetero`` (``training.aws_tags.METRICS_NAMESPACE``, the one the instance role
+Here: namespace ``hetero`` (``training.common.names.METRICS_NAMESPACE``, the one the instance role
 may write), one dimension set ``[Cluster]`` (the spec's name), so the stack's dashboard can
 graph each metric of a cluster as one series. A metric that could not be measured in an
 interval (no GPU or no NVML, no price, no durable checkpoint yet) is left out of the document,
@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
-from training.aws_tags import METRICS_NAMESPACE
+from training.common.names import METRICS_NAMESPACE
 
 DIMENSION_CLUSTER: Final = "Cluster"
 """The one dimension of every metric: the cluster spec's ``name``."""

@@ -29,7 +29,9 @@ from training.data import Batch
 from training.data.loader import AugmentedImages, collate_batch
 from training.data.splits import NO_VALIDATION, build_split
 from training.data.transforms import EvalTransform, build_transform, encode_recipe
+from training.dataplane.discovery import parse_discovery
 from training.trainer.config import InputKind, TrainerConfig
+from training.trainer.remote import dataplane_client
 
 if TYPE_CHECKING:
     from training.dataplane.client import DataPlaneClient
@@ -90,9 +92,6 @@ class ValidationBatches:
                 num_workers if num_workers is not None else min(LOCAL_EVAL_WORKERS, cores)
             )
         else:
-            from training.dataplane.discovery import parse_discovery
-            from training.trainer.remote import dataplane_client
-
             self._client = dataplane_client(
                 config, parse_discovery(config.input.data_servers, config.spec),
                 recipe=encode_recipe(self.recipe), batch_size=self.batch_size, split="val",

@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from training.data import Batch
+from training.trainer.stream import to_device
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def evaluate(
                         model(normalise(blank.images))
                     continue
                 images = normalise(batch.images)
-                labels = batch.labels.to(device, non_blocking=True)
+                labels = to_device(batch.labels, device)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                     logits = model(images)
                 logits = logits.float()

@@ -1,9 +1,6 @@
 """Where the trainer's batches come from: the data plane, a local DataLoader, or memory.
 
-Each input is a ``BatchStream``: ``next()`` returns this rank's next ``Batch``, crossing epoch
-boundaries, and raises ``EndOfData`` after the last epoch; ``state_dict()`` is the position
-saved in checkpoints. Every rank of a step sees the same number of batches per epoch (the
-epoch is cut to what divides evenly), so no rank waits in a collective the others skipped.
+Each input is a ``BatchStream`` (``training.trainer.stream``: the contract every input keeps).
 """
 
 from __future__ import annotations
@@ -11,51 +8,17 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from training.data import Batch, epoch_order
 from training.spec import JobSpec
 from training.trainer.config import InputKind, TrainerConfig
+from training.trainer.remote import DataPlaneBatches
+from training.trainer.stream import BatchStream, EndOfData, rank_positions
 
 log = logging.getLogger(__name__)
-
-
-class EndOfData(Exception):
-    """The configured number of epochs is done."""
-
-
-class DataInterrupted(Exception):
-    """A stop was requested while this rank waited for its next batch (none was consumed)."""
-
-
-class BatchStream(Protocol):
-    epoch: int
-
-    def next(self) -> Batch: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def close(self, *, job_done: bool) -> None: ...
-
-
-def rank_positions(
-    epoch_len: int, rank: int, world_size: int, batch_size: int
-) -> tuple[int, range]:
-    """Batches per epoch for every rank, and ``rank``'s epoch positions (``rank, rank+world,
-    ...``: the layout ``training.data.local_loader`` uses), cut so all ranks get the same
-    number of full batches."""
-    per_rank = (epoch_len // world_size) // batch_size
-    if per_rank < 1:
-        raise ValueError(
-            f"an epoch of {epoch_len} samples gives no full batch of {batch_size} to each of "
-            f"{world_size} ranks; raise job.dataset.num_samples or lower job.batch_size"
-        )
-    stop = rank + world_size * per_rank * batch_size
-    return per_rank, range(rank, stop, world_size)
 
 
 class SyntheticBatches:
@@ -209,6 +172,4 @@ def build_stream(
         )
     if config.input.kind is InputKind.LOCAL:
         return LocalBatches(job, rank=rank, world_size=world_size, epochs=config.epochs)
-    from training.trainer.remote import DataPlaneBatches
-
     return DataPlaneBatches(config, rank=rank, world_size=world_size)

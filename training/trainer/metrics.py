@@ -32,6 +32,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from training.common.files import write_atomically
+from training.common.names import LAST_EVAL_FILE
 from training.trainer.emf import emf_document, eval_emf_document, write_emf
 
 if TYPE_CHECKING:
@@ -124,11 +126,6 @@ class RunFacts:
 
 EVAL_KIND = "eval"
 """``metrics.jsonl``'s ``kind`` of a validation record; interval records have no ``kind``."""
-
-LAST_EVAL_FILE = "last_eval.json"
-"""``<run_dir>/last_eval.json``: the last validation record and the targets reached so far
-(rank 0; replaced at every evaluation). The EC2 launcher's heartbeat reads it into the job
-record, where ``hetero status`` finds it."""
 
 
 def is_eval(record: Mapping[str, Any]) -> bool:
@@ -282,7 +279,7 @@ class MetricsLogger:
         accuracy = accuracy_summary(self.evals, self.facts.accuracy_targets)
         reached = [t["target"] for t in (accuracy or {}).get("targets", []) if t["reached"]]
         try:
-            _write_atomic(
+            write_atomically(
                 self.run_dir / LAST_EVAL_FILE,
                 json.dumps({**record, "targets_reached": reached}) + "\n",
             )
@@ -329,13 +326,6 @@ def _mean(values: Sequence[float | None], weights: Sequence[float]) -> float | N
     pairs = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None]
     total = sum(w for _, w in pairs)
     return sum(v * w for v, w in pairs) / total if pairs and total > 0 else None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` whole (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def summarise(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

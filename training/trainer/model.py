@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from training.common import aws, s3
 from training.trainer.config import ConfigError, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -156,17 +157,16 @@ def load_init(config: ModelConfig, *, seed: int) -> nn.Module:
 
 def _fetch_init(uri: str, tmp: Path) -> tuple[Path, dict[str, Any] | None]:
     """The local weights file for ``uri`` and the ``config.json`` beside it (None: none)."""
-    if uri.startswith("s3://"):
+    if s3.is_s3_uri(uri):
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from training.trainer.checkpoint_s3 import bounded_client
-
-        bucket, _, key = uri[len("s3://") :].partition("/")
-        if not bucket or not key or key.endswith("/"):
+        try:
+            bucket, key = s3.parse_s3_object(uri)
+        except ValueError:
             raise ConfigError(
                 [f"{INIT_FIELD} = {uri!r}: give the file's URI, s3://bucket/path/model.safetensors"]
-            )
-        client = bounded_client()
+            ) from None
+        client = aws.client()
         path = tmp / Path(key).name
         try:
             client.download_file(bucket, key, str(path))

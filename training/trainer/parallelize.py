@@ -1,13 +1,16 @@
 """Apply the parallel strategy to a model: DDP (optionally with bf16 gradient all-reduce), FSDP2
-per block + root, or HSDP on the 2-D mesh."""
+per block + root, or HSDP on the 2-D mesh; and gather a wrapped model's full weights back
+(``full_state_dict``)."""
 
 from __future__ import annotations
 
 import logging
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -98,3 +101,15 @@ def parallelize(
         )
     fully_shard(model, mesh=shard_mesh, mp_policy=policy)
     return model
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s full weights on the CPU (collective when a process group is up: every rank
+    calls it; rank 0 gets them, the others an empty dict). DDP's ``module.`` prefix and FSDP's
+    shards are undone by torch's ``get_model_state_dict``."""
+    if not dist.is_initialized():
+        inner = getattr(module, "module", module)
+        return {k: v.detach().cpu() for k, v in inner.state_dict().items()}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(module, options=options)
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

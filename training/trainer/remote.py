@@ -17,7 +17,7 @@ from training.data.transforms import encode_recipe
 from training.dataplane.client import DataPlaneClient, DataWaitInterrupted
 from training.dataplane.discovery import ServerDiscovery, parse_discovery
 from training.trainer.config import TrainerConfig
-from training.trainer.inputs import DataInterrupted, EndOfData, rank_positions
+from training.trainer.stream import DataInterrupted, EndOfData, rank_positions
 
 log = logging.getLogger(__name__)
 

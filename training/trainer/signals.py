@@ -2,7 +2,7 @@
 rank act on the same step.
 
 - SIGTERM (Spot interruption, Auto Scaling termination, forwarded by the launcher) and SIGINT:
-  checkpoint at the next step boundary and stop (``training.outcome.EXIT_STOPPED``).
+  checkpoint at the next step boundary and stop (``training.common.outcome.EXIT_STOPPED``).
 - SIGUSR1 (a rebalance recommendation: this instance is at elevated risk of interruption):
   checkpoint at the next step boundary and keep training.
 

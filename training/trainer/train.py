@@ -1,11 +1,11 @@
 """The Trainer: one object that owns the process group, model, optimizer, input, checkpoints
 and metrics of a run, and the training loop.
 
-A run ends in one of the outcomes of ``training.outcome``: finished (steps or epochs done, last
-checkpoint durable), stopped (a graceful stop with a durable checkpoint of the last step) or
-failed (the last checkpoint could not be saved; errors raise out of ``train``). Every wait for a
-peer is bounded: training collectives by ``HETERO_COLLECTIVE_TIMEOUT_S`` (default 60 s),
-checkpoint collectives, on a gloo group of their own, by ``HETERO_CHECKPOINT_TIMEOUT_S``
+A run ends in one of the outcomes of ``training.common.outcome``: finished (steps or epochs
+done, last checkpoint durable), stopped (a graceful stop with a durable checkpoint of the last
+step) or failed (the last checkpoint could not be saved; errors raise out of ``train``). Every
+wait for a peer is bounded: training collectives by ``HETERO_COLLECTIVE_TIMEOUT_S`` (default
+60 s), checkpoint collectives, on a gloo group of their own, by ``HETERO_CHECKPOINT_TIMEOUT_S``
 (default 600 s).
 """
 
@@ -30,9 +30,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from training.common.outcome import Outcome, RankOutcome
 from training.data import Batch
 from training.dataplane.client import DataWaitInterrupted
-from training.outcome import Outcome, RankOutcome
 from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
@@ -40,8 +40,8 @@ from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.data_tier import build_autoscaler
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
-from training.trainer.export import ExportError, export_trained
-from training.trainer.inputs import BatchStream, DataInterrupted, EndOfData, build_stream
+from training.trainer.export import export_trained
+from training.trainer.inputs import build_stream
 from training.trainer.metrics import (
     EvalResult,
     EvalScores,
@@ -51,6 +51,7 @@ from training.trainer.metrics import (
     peak_flops,
 )
 from training.trainer.model import build_model, training_flops_per_sample
+from training.trainer.model_config import ExportError
 from training.trainer.parallel_dims import ParallelDims
 from training.trainer.parallelize import compile_blocks, parallelize
 from training.trainer.recipe import (
@@ -64,6 +65,7 @@ from training.trainer.recipe import (
 )
 from training.trainer.sample_log import SampleLog
 from training.trainer.signals import StopSignal
+from training.trainer.stream import BatchStream, DataInterrupted, EndOfData, to_device
 
 log = logging.getLogger(__name__)
 
@@ -553,17 +555,6 @@ class Trainer:
         self.checkpointer.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``. To a GPU the copy goes through page-locked memory, so it is queued
-    behind the step in flight and the host goes on: a copy from pageable memory may first wait
-    for the GPU to finish its queued work (CUDA's "API synchronization behavior"), which leaves
-    the GPU idle while the host then launches the next step. The staging buffer comes from
-    torch's caching host allocator, which reuses it only after the copy has completed."""
-    if device.type == "cuda" and not t.is_pinned():
-        t = t.pin_memory()
-    return t.to(device, non_blocking=True)
 
 
 def _local_bytes(t: torch.Tensor) -> int:

@@ -1,7 +1,10 @@
-"""Names shared by the CDK stacks (``infra/``) and the launcher that runs on the instances.
+"""Names shared between processes: the CDK stacks (``infra/``), the launcher that runs on the
+instances, the trainer and the data servers it starts, and ``hetero status``.
 
 The stacks tag every instance and pass these environment variables to ``docker run``; the
-launcher reads them back. Keeping the names in one module means the two sides cannot drift.
+launcher reads them back and passes its own to the trainer; files in a run folder are read by
+another process than the one that writes them. Keeping each name in one module means no two
+sides can drift.
 """
 
 from __future__ import annotations
@@ -44,6 +47,21 @@ HOST_SHARD_CACHE_DIR: Final = "/var/lib/hetero/shards"
 """The shard cache's folder on a dataprep host (and in its container)."""
 ENV_REGION: Final = "AWS_DEFAULT_REGION"
 """The region (boto3 reads this variable)."""
+
+ENV_BUDGET_DEADLINE: Final = "HETERO_BUDGET_DEADLINE"
+"""Epoch seconds at which the job's budget runs out: the launcher (``training.launcher.budget``)
+sets it, the trainer stops with a checkpoint then (its ``--max-seconds`` defaults to what is left
+of it)."""
+ENV_SAMPLE_LOG_DIR: Final = "HETERO_SAMPLE_LOG_DIR"
+"""When set, each trainer rank appends the sample ids of every applied step to
+``<dir>/rank-<RANK>.jsonl`` (``training.trainer.sample_log``; the rehearsal reads them)."""
+
+LAST_EVAL_FILE: Final = "last_eval.json"
+"""``<run_dir>/last_eval.json``: the last validation record and the targets reached so far
+(trainer rank 0; replaced at every evaluation). The EC2 launcher's heartbeat reads it into the job
+record, where ``hetero status`` finds it."""
+SAGEMAKER_RESOURCECONFIG: Final = "/opt/ml/input/config/resourceconfig.json"
+"""SageMaker's description of a training job's hosts and instance groups, on every host."""
 
 DEPLOYED_SPEC_PATH: Final = "/opt/hetero/deployed/cluster.toml"
 """Where the stack mounts the spec it was deployed with (``HETERO_SPEC`` points here on EC2)."""

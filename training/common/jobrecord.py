@@ -22,7 +22,8 @@ Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
 Each object has one writer (or, for the outcome, writers that agree), so S3's last-writer-wins
 is enough: no locking.
 
-A missing object reads as missing whether S3 answers 404 or 403 (``read_s3_object``).
+A missing object reads as missing whether S3 answers 404 or 403
+(``training.common.s3.read_object``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from training.outcome import Outcome
+from training.common.folder import open_folder
+from training.common.outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -44,117 +45,16 @@ DECISIONS = "autoscale/"
 DECISION_TIME_DIGITS = 15
 """Zero-padding of a decision's milliseconds: 15 digits last until the year 33658."""
 
-_NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
-"""Error codes S3 gives a missing key when the caller may list the bucket."""
-
-
-def read_s3_object(client: Any, bucket: str, key: str) -> bytes | None:
-    """The object's bytes, or None when the object does not exist.
-
-    S3 says "does not exist" with 404 ``NoSuchKey`` only to a caller that has ``s3:ListBucket``
-    on the bucket; to one without it, the same GetObject is 403 AccessDenied
-    (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html, "Permissions": "If you
-    don't have the s3:ListBucket permission, Amazon S3 returns an HTTP status code 403"). The
-    instance role's ListBucket is conditioned on ``s3:prefix`` (``infra/cluster.py``,
-    ``CheckpointListing``), a key GetObject does not carry, so on a 403 this probes with
-    ListObjectsV2 on the exact key (``Prefix`` = the key, ``MaxKeys`` 1), which that grant does
-    cover: a listing without the key means absent; otherwise (the key is there, or the probe
-    fails too) the original error is raised, so a real permission problem never reads as
-    "absent".
-    """
-    from botocore.exceptions import ClientError
-
-    try:
-        resp = client.get_object(Bucket=bucket, Key=key)
-    except ClientError as e:
-        error = e.response.get("Error", {})
-        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if error.get("Code") in _NOT_FOUND:
-            return None
-        if status != 403 and error.get("Code") != "AccessDenied":
-            raise
-        try:
-            listed = client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
-        except ClientError as probe:
-            log.warning("s3://%s/%s: GetObject denied, and listing the key failed: %s",
-                        bucket, key, probe)  # fmt: skip
-            raise e from probe
-        if any(o.get("Key") == key for o in listed.get("Contents", [])):
-            raise  # The object exists and reading it is denied: a real permission problem.
-        return None
-    return bytes(resp["Body"].read())
-
-
-class _Backend(Protocol):
-    def get(self, key: str) -> bytes | None: ...
-    def put(self, key: str, body: bytes) -> None: ...
-    def list(self, prefix: str) -> list[str]: ...
-
-
-class _S3Backend:
-    def __init__(self, uri: str, client: Any | None = None) -> None:
-        from training.trainer.checkpoint_s3 import parse_s3_uri
-
-        self.bucket, self.prefix = parse_s3_uri(uri)
-        if client is None:
-            import boto3
-
-            client = boto3.client("s3")
-        self.client = client
-
-    def get(self, key: str) -> bytes | None:
-        return read_s3_object(self.client, self.bucket, self.prefix + key)
-
-    def put(self, key: str, body: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body)
-
-    def list(self, prefix: str) -> list[str]:
-        keys: list[str] = []
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.prefix + prefix
-        )
-        for page in pages:
-            keys.extend(o["Key"][len(self.prefix) :] for o in page.get("Contents", []))
-        return keys
-
-
-class _FolderBackend:
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def get(self, key: str) -> bytes | None:
-        try:
-            return (self.folder / key).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def put(self, key: str, body: bytes) -> None:
-        path = self.folder / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(body)
-        tmp.replace(path)
-
-    def list(self, prefix: str) -> list[str]:
-        base = self.folder / prefix
-        if not base.is_dir():
-            return []
-        return sorted(p.relative_to(self.folder).as_posix() for p in base.rglob("*") if p.is_file())
-
 
 class JobRecord:
     """Read and write the job record under ``location`` (``s3://...`` or a folder path)."""
 
     def __init__(self, location: str, *, s3_client: Any | None = None) -> None:
         self.location = location.rstrip("/") + "/"
-        self._store: _Backend
-        if location.startswith("s3://"):
-            self._store = _S3Backend(location, s3_client)
-        else:
-            self._store = _FolderBackend(Path(location))
+        self._store = open_folder(location, s3_client=s3_client)
 
     def _get_json(self, key: str) -> dict[str, Any] | None:
-        body = self._store.get(PREFIX + key)
+        body = self._store.read(PREFIX + key)
         if body is None:
             return None
         try:
@@ -165,7 +65,7 @@ class JobRecord:
         return value if isinstance(value, dict) else None
 
     def _put_json(self, key: str, value: Mapping[str, Any]) -> None:
-        self._store.put(PREFIX + key, json.dumps({"time": time.time(), **value}).encode())
+        self._store.write(PREFIX + key, json.dumps({"time": time.time(), **value}).encode())
 
     # -- outcome -----------------------------------------------------------------------------
 
@@ -213,7 +113,7 @@ class JobRecord:
     def leaving(self) -> set[str]:
         """Instance ids that said they are leaving."""
         out = set()
-        for key in self._store.list(PREFIX + "leaving/"):
+        for key in self._store.names(PREFIX + "leaving/"):
             name = key.rsplit("/", 1)[-1]
             if name.endswith(".json"):
                 out.add(name[: -len(".json")])
@@ -230,7 +130,7 @@ class JobRecord:
     def replaced(self) -> dict[str, dict[str, Any]]:
         """The instances taken out of service so far, by id (the job's replacement count)."""
         out: dict[str, dict[str, Any]] = {}
-        for key in self._store.list(PREFIX + "replaced/"):
+        for key in self._store.names(PREFIX + "replaced/"):
             name = key[len(PREFIX) :]
             if name.endswith(".json"):
                 out[name[len("replaced/") : -len(".json")]] = self._get_json(name) or {}
@@ -254,7 +154,7 @@ class JobRecord:
         if limit <= 0:
             return []
         found: list[tuple[tuple[int, int], str]] = []
-        for key in self._store.list(PREFIX + DECISIONS):
+        for key in self._store.names(PREFIX + DECISIONS):
             name = key[len(PREFIX) :]
             millis, _, step = name[len(DECISIONS) :].removesuffix(".json").partition("-")
             if name.endswith(".json") and millis.isdigit() and step.isdigit():
@@ -268,7 +168,7 @@ class JobRecord:
 
     def hosts(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
-        for key in self._store.list(PREFIX + "hosts/"):
+        for key in self._store.names(PREFIX + "hosts/"):
             name = key[len(PREFIX) :]
             value = self._get_json(name)
             if value is not None:

@@ -1,7 +1,7 @@
 """The job pointer: which job a deployed cluster runs now, and where its checkpoints are.
 
 An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
-(``aws_tags.job_parameter_name``) holds one JSON object::
+(``training.common.names.job_parameter_name``) holds one JSON object::
 
     {"job_id": "j-20261122T100000-ab12",
      "checkpoint_uri": "s3://bucket/checkpoints/d-0123456789ab/",
@@ -47,10 +47,9 @@ STARTED_ID_PREFIX = "j-"
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _FIX = "run `hetero job start --spec FILE` to write a valid one"
 
-CONNECT_TIMEOUT_S = 3.0
-READ_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 4
-"""Attempts per SSM request in all (botocore's ``standard`` retry mode, with backoff)."""
+"""Attempts per SSM request in all (``training.common.aws.client(..., attempts=)``: botocore's
+``standard`` retry mode, with backoff)."""
 
 
 class JobPointerError(ValueError):
@@ -154,19 +153,6 @@ def deployed_job_pointer(spec_text: str, checkpoint_base_uri: str) -> JobPointer
     job_id = deployed_job_id(spec_text)
     base = checkpoint_base_uri if checkpoint_base_uri.endswith("/") else checkpoint_base_uri + "/"
     return JobPointer(job_id=job_id, checkpoint_uri=f"{base}{job_id}/")
-
-
-def ssm_client(region: str | None = None) -> Any:
-    """A boto3 SSM client whose every call ends within seconds when SSM cannot be reached."""
-    import boto3  # Imported here: the stacks import this module and never call AWS.
-    from botocore.config import Config
-
-    config = Config(
-        connect_timeout=CONNECT_TIMEOUT_S,
-        read_timeout=READ_TIMEOUT_S,
-        retries={"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"},
-    )
-    return boto3.client("ssm", region_name=region, config=config)
 
 
 def read_job_pointer(ssm: Any, name: str) -> JobPointer:

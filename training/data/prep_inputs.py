@@ -1,0 +1,128 @@
+"""What ``hetero dataset prep`` packs: the ImageFolders it is given (local or ``s3://``), listed
+as the trainer lists them (``FolderImages`` / ``S3Images``: classes sorted, then files sorted),
+split into training and validation (``split_indices``, the trainer's own split for the same
+``val_fraction``/``split_seed``, or a separate folder), each split in a seeded shuffled order
+(``shuffle_order``), and their images read concurrently, in order (``read_ordered``)."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.common import s3
+from training.data.datasets import FolderImages, S3Images
+from training.data.splits import check_same_classes, seeded_order, split_indices
+
+DEFAULT_READ_THREADS = 32
+"""Concurrent reads of source images (S3 GetObjects are latency-bound, tens of ms each)."""
+
+
+class PrepError(ValueError):
+    """The prep cannot go on as asked; the message says why and which flag to change."""
+
+
+@dataclass
+class SplitSource:
+    """The samples of one split, in order: where each image is, its label, and how to read it."""
+
+    name: str
+    items: list[tuple[str, int]]
+    names: list[str]
+    """Each sample's name relative to its root (``<class>/<file>``): the inputs' identity."""
+    read: Callable[[str], bytes]
+
+    def ext(self, index: int) -> str:
+        return Path(self.items[index][0]).suffix.lstrip(".").lower()
+
+    def pick(self, name: str, indices: Iterable[int]) -> SplitSource:
+        """Split ``name``: this one's samples ``indices``, in that order."""
+        picked = [int(i) for i in indices]
+        items, names = [self.items[i] for i in picked], [self.names[i] for i in picked]
+        return SplitSource(name, items, names, self.read)
+
+
+def list_images(
+    uri: str, split: str, *, flag: str, client: Any | None
+) -> tuple[list[str], SplitSource]:
+    """(class names, split ``split`` of every image) of the ImageFolder at ``uri``, as the
+    trainer lists it (same classes, same order)."""
+    try:
+        if s3.is_s3_uri(uri):
+            images = S3Images(uri, client=client, field=flag)
+            bucket, prefix, s3c = images.bucket, images.prefix, images.client
+
+            def read_s3(key: str) -> bytes:
+                return bytes(s3c.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+            names = [key[len(prefix) :] for key, _ in images.keys]
+            return list(images.classes), SplitSource(split, list(images.keys), names, read_s3)
+        folder = FolderImages(uri, field=flag)
+    except ValueError as e:
+        raise PrepError(str(e)) from None
+    root = str(folder.root)
+    items = [(path, label) for path, label in folder.samples]
+    names = [os.path.relpath(path, root).replace(os.sep, "/") for path, _ in items]
+    return list(folder.classes), SplitSource(split, items, names, lambda p: Path(p).read_bytes())
+
+
+_SHUFFLE_TAG = 0x5A4D
+
+
+def shuffle_order(n: int, seed: int) -> list[int]:
+    """A seeded permutation of ``range(n)``, the same on any machine and numpy version (from
+    PCG64's raw output for a ``SeedSequence``, as ``split_indices``)."""
+    return [int(i) for i in seeded_order(n, seed, _SHUFFLE_TAG)]
+
+
+def plan_splits(
+    src: str,
+    val_src: str | None,
+    *,
+    val_fraction: float,
+    split_seed: int,
+    shuffle_seed: int | None,
+    client: Any | None,
+) -> tuple[list[str], list[SplitSource]]:
+    """(class names, the splits to write in order), each split in ``shuffle_seed``'s order
+    (None: the listing's, class by class)."""
+    classes, train = list_images(src, "train", flag="--src", client=client)
+    splits = [train]
+    if val_src is not None:
+        val_classes, val = list_images(val_src, "val", flag="--val-src", client=client)
+        try:
+            check_same_classes(classes, val_classes, f"--val-src {val_src!r}", f"--src {src!r}")
+        except ValueError as e:
+            raise PrepError(str(e)) from None
+        splits = [train, val]
+    elif val_fraction > 0:
+        try:
+            train_idx, val_idx = split_indices(len(train.items), val_fraction, split_seed)
+        except ValueError as e:
+            raise PrepError(str(e).replace("job.dataset.val_fraction", "--val-fraction")) from None
+        splits = [train.pick("train", train_idx), train.pick("val", val_idx)]
+    if shuffle_seed is None:
+        return classes, splits
+    return classes, [s.pick(s.name, shuffle_order(len(s.items), shuffle_seed)) for s in splits]
+
+
+def read_ordered(
+    read: Callable[[str], bytes], locations: Sequence[str], pool: ThreadPoolExecutor, window: int
+) -> Iterator[bytes]:
+    """Each location's bytes, in order, with up to ``window`` reads in flight."""
+    pending: deque[Future[bytes]] = deque()
+    it = iter(locations)
+    for loc in it:
+        pending.append(pool.submit(read, loc))
+        if len(pending) >= window:
+            break
+    while pending:
+        data = pending.popleft().result()
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append(pool.submit(read, nxt))
+        yield data

@@ -1,0 +1,187 @@
+"""The threads that watch an EC2 host's surroundings while ``ec2_job.Ec2Job`` runs its loop.
+
+- The Spot watch (``spot.SpotWatcher``): an interruption notice or an Auto Scaling termination
+  marks this host as leaving in the job record at once, then stops the role; a rebalance
+  recommendation asks the trainer's ranks for a checkpoint (``rank_signals``).
+- Checkpoint requests: delivered once every rank handles SIGUSR1 (``Signals.deliver_pending``).
+- The job pointer (with a ``jobparam.JobWatch``): a newer job stops the role.
+- The heartbeat, while a generation runs: this host's state and the trainer's last metrics into
+  the job record, then the watches that end the job as failed (``boot_watch``,
+  ``trainer_watch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from training.common.jobparam import JobWatch
+from training.launcher.boot_watch import BootWatch
+from training.launcher.host_record import HostRecord
+from training.launcher.imds import ImdsClient
+from training.launcher.loop_settings import LoopSettings
+from training.launcher.rank_signals import Signals
+from training.launcher.run_metrics import last_metrics
+from training.launcher.spot import SpotNotice, SpotWatcher
+from training.launcher.trainer_watch import NoTrainerWatch
+from training.spec import ClusterSpec, InstanceGroup, Role
+
+log = logging.getLogger(__name__)
+
+
+class Ec2Watches:
+    """This host's watches (see the module docstring): ``start`` and ``stop`` bracket the loop,
+    ``heartbeat`` a generation."""
+
+    def __init__(
+        self,
+        signals: Signals,
+        host: HostRecord,
+        *,
+        spec: ClusterSpec,
+        group: InstanceGroup,
+        cluster: str,
+        ec2: Any,
+        settings: LoopSettings,
+        run_dir: Path,
+        job_started: Callable[[], float | None],
+        end_failed: Callable[[str], bool],
+    ) -> None:
+        self.signals = signals
+        self.host = host
+        self.trainer = group.role is Role.TRAINER
+        self.run_dir = run_dir
+        self.end_failed = end_failed
+        """Ends the job as failed for everyone; False, ending nothing, when another job began."""
+        self.checks: list[BootWatch | NoTrainerWatch] = []
+        """Asked in turn at each heartbeat, with a job record: failed boots past the replacement
+        budget (every host), no live trainer host (a data server); the first reason wins."""
+        if host.record is not None:
+            budget = settings.replacement_budget
+            boots = BootWatch(ec2, cluster, host.record, budget=budget, job_started=job_started)
+            self.checks.append(boots)
+            trainers = [g.name for g in spec.groups if g.role is Role.TRAINER]
+            if not self.trainer and trainers:
+                timeout_s = settings.no_trainer_timeout_s
+                self.checks.append(NoTrainerWatch(host.record, trainers, timeout_s=timeout_s))
+        self.ended: str | None = None
+        """Why a watch of this host ended the job (no live trainer host, failed boots past the
+        budget), once one did."""
+        self.job_watch: JobWatch | None = None
+        """Reads the job pointer (None: no pointer, the job never changes under this host)."""
+        self._done = threading.Event()
+        self._spot: SpotWatcher | None = None
+
+    def start(self, imds: ImdsClient, settings: LoopSettings, job_watch: JobWatch | None) -> None:
+        """The Spot watch and the checkpoint requests; with ``job_watch``, a read of the job
+        pointer every ``settings.job_poll_s``."""
+        self.job_watch = job_watch
+        self._done = threading.Event()
+        self._spot = SpotWatcher(
+            imds, self.on_notice, on_rebalance=self.on_rebalance, interval_s=settings.spot_poll_s
+        )
+        self._spot.start()
+        threading.Thread(
+            target=self.signals.deliver_pending,
+            args=(self._done,),
+            name="checkpoint-requests",
+            daemon=True,
+        ).start()
+        if job_watch is not None:
+            threading.Thread(
+                target=self._watch_job, args=(settings.job_poll_s,), name="job-watch", daemon=True
+            ).start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._spot is not None:
+            self._spot.stop()
+
+    def new_job_started(self) -> bool:
+        """Read the job pointer now; True once it names another job than this host's."""
+        if self.job_watch is None:
+            return False
+        if self.signals.superseded is None:
+            newer = self.job_watch.newer()
+            if newer is not None:
+                with self.signals.lock:
+                    self.signals.superseded = newer
+        return self.signals.superseded is not None
+
+    def superseded_reason(self) -> str:
+        new = self.signals.superseded
+        old = self.job_watch.pointer.job_id if self.job_watch else "?"
+        return f"job {old} was superseded by job {new.job_id if new else '?'}"
+
+    # -- the Spot watch's callbacks ----------------------------------------------------------
+
+    def on_notice(self, notice: SpotNotice) -> None:
+        with self.signals.lock:
+            if self.signals.notice is None:
+                self.signals.notice = notice
+            sup = self.signals.supervisor
+        # Say so first: the other hosts re-form without this one while it checkpoints.
+        self.host.mark_leaving(notice.describe())
+        if sup is not None:
+            sup.request_stop(signal.SIGTERM, notice.describe())
+
+    def on_rebalance(self, notice: SpotNotice) -> None:
+        if not self.trainer:
+            return  # A data server has nothing to save.
+        with self.signals.lock:
+            self.signals.checkpoint_requests += 1
+        self.host.set(state="rebalance-checkpoint", notice=notice.describe())
+        self.signals.deliver_checkpoint_request()
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _watch_job(self, poll_s: float) -> None:
+        """While the loop runs: stop the role as soon as another job was started."""
+        while not self._done.wait(poll_s):
+            if self.new_job_started():
+                self.signals.stop(signal.SIGTERM, self.superseded_reason())
+                return
+
+    @contextlib.contextmanager
+    def heartbeat(self, every_s: float, members: list[str] | None) -> Iterator[None]:
+        """While the block runs a generation: its beats, every ``every_s``."""
+        done = threading.Event()
+        threading.Thread(
+            target=self._beat, args=(done, every_s, members), name="heartbeat", daemon=True
+        ).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _beat(self, done: threading.Event, every_s: float, members: list[str] | None) -> None:
+        """While the role runs: this host's state and the trainer's last metrics line."""
+        while not done.wait(every_s):
+            self.host.set(state="running", members=members, metrics=last_metrics(self.run_dir))
+            if self.end_if_due():
+                return
+
+    def end_if_due(self) -> bool:
+        """Failed boots past the replacement budget (``boot_watch``, every host) or, on a data
+        server, no live trainer host for the bounded time (``trainer_watch``) end the job as
+        failed, every group to zero, and stop this host's role."""
+        if self.ended is not None:
+            return False
+        reason: str | None = None
+        for watch in self.checks:
+            reason = watch.check()
+            if reason is not None:
+                break
+        if reason is None:
+            return False
+        log.error("%s: ending the job", reason)
+        if not self.end_failed(reason):
+            return False  # another job began: its own watches start over
+        self.ended = reason
+        self.signals.stop(signal.SIGTERM, reason)
+        return True

@@ -1,0 +1,61 @@
+"""The settings of an EC2 host's generation loop (``ec2_job.Ec2Job``), from ``hetero launch``'s
+command line (``default_settings``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from training.launcher.early_exit import REPLACEMENT_BUDGET
+from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    restart_budget: int = 3
+    """Failed generations this host may retry before it ends the job as failed."""
+    restart_backoff_s: float = 10.0
+    """Wait before the first retry; doubled for each further failure (at most 120 s)."""
+    peer_timeout_s: float = 900.0
+    """How long to wait for the trainer group to reach its count (counts as one failure)."""
+    poll_s: float = 5.0
+    """Between membership and job-record checks."""
+    spot_poll_s: float = 5.0
+    grace_s: float = 90.0
+    imds_url: str = ""
+    imds_timeout_s: float = 1.0
+    heartbeat_s: float = 30.0
+    """How often a running host puts its state and last metrics into the job record (and looks
+    at what the watches look at: failed boots, trainers that are gone)."""
+    no_trainer_timeout_s: float = NO_TRAINER_TIMEOUT_S
+    """A data server ends the job as failed when no trainer host has written to the job record
+    for this long (``trainer_watch``; checked at each heartbeat)."""
+    replacement_budget: int = REPLACEMENT_BUDGET
+    """Instances per job taken out of service before their job loop (a launcher that could not
+    start it, a boot that gave up); one more ends the job failed (``early_exit``,
+    ``boot_watch``)."""
+    subreaper: bool = True
+    """Adopt the role's orphaned descendants (Linux), so none outlives the launcher."""
+    job_poll_s: float = 30.0
+    """Between reads of the job pointer while the role runs or waits (with a ``JobWatch``)."""
+    lifecycle_wait_s: float = 120.0
+    """After this host ended the job (groups at zero): how long it waits for its own instance to
+    reach Terminating:Wait, to complete the termination hook (``job_end.complete_own_termination``;
+    polled every ``spot_poll_s``). The hook's heartbeat timeout (300 s) ends any wait left."""
+
+
+def default_settings(args: Any) -> LoopSettings:
+    return LoopSettings(
+        restart_budget=args.restart_budget,
+        restart_backoff_s=args.restart_backoff,
+        peer_timeout_s=args.peer_timeout,
+        poll_s=args.poll,
+        spot_poll_s=args.spot_poll,
+        grace_s=args.grace,
+        imds_url=args.imds_url,
+        imds_timeout_s=args.imds_timeout,
+        job_poll_s=args.job_poll,
+        no_trainer_timeout_s=args.no_trainer_timeout,
+        heartbeat_s=args.heartbeat,
+        replacement_budget=args.replacement_budget,
+    )

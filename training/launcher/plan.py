@@ -1,0 +1,186 @@
+"""The launch plan: everything ``hetero launch`` will do on this host, decided before anything
+starts (pure: nothing here starts a process or calls AWS), and how it is shown."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from training.common.names import ENV_CHECKPOINT_URI, ENV_REGION
+from training.common.s3 import is_s3_uri
+from training.dataplane.autoscale import backend_arg
+from training.launcher import efa, peers, roles
+from training.launcher.group import GroupIdentity
+from training.spec import ClusterSpec, Role
+
+log = logging.getLogger(__name__)
+
+SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+SAGEMAKER_OUTPUT_DIR = "/opt/ml/output/data"
+
+
+def checkpoint_staging_dir(tmpdir: str | Path | None = None) -> str:
+    """This host's staging folder for checkpoint shards on their way to S3: under the temporary
+    folder (``TMPDIR``, else ``/tmp``), never in a run folder that SageMaker would upload.
+    Hosts that share a machine (``hetero rehearse``) must give each its own ``TMPDIR``;
+    ``tmpdir`` names another host's (the rehearsal watches an instance's staging folder)."""
+    return str(Path(tmpdir or tempfile.gettempdir()) / "hetero" / "checkpoints")
+
+
+class Backend(StrEnum):
+    LOCAL = "local"
+    EC2 = "ec2"
+    SAGEMAKER = "sagemaker"
+
+
+def default_run_dir(spec: ClusterSpec, backend: Backend) -> str:
+    """The trainer's output folder when ``--run-dir`` gives none."""
+    return SAGEMAKER_OUTPUT_DIR if backend is Backend.SAGEMAKER else f"runs/{spec.name}"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything this host will do, decided before anything starts."""
+
+    backend: Backend
+    identity: GroupIdentity
+    role: Role
+    peers: peers.Peers
+    commands: tuple[tuple[str, roles.RoleCommand], ...]
+    """(name, command) for each process of the role."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added for every process of the role."""
+    checkpoint_s3_uri: str | None = None
+    """Trainer with an ``s3://`` checkpoint URI: passed as ``--checkpoint-s3-uri``; the trainer
+    uploads every host's shards and downloads the newest step on resume itself."""
+    checkpoint_dir: str | None = None
+    """The trainer's checkpoint folder when the launcher chose it (else the spec's); with an S3
+    URI, each host's local staging folder."""
+
+
+def make_plan(
+    spec: ClusterSpec,
+    *,
+    spec_path: str,
+    identity: GroupIdentity,
+    backend: Backend,
+    found_peers: peers.Peers,
+    run_dir: str | None,
+    environ: Mapping[str, str],
+    network_interface: str | None = None,
+    efa_env: Mapping[str, str] | None = None,
+    rendezvous_port: int = roles.RENDEZVOUS_PORT,
+    rendezvous_timeout_s: int | None = None,
+    outcome_dir: str | None = None,
+) -> LaunchPlan:
+    """The role's commands for this host (pure: nothing is started). ``efa_env``: the trainer's
+    network variables, decided at start-up by ``efa.trainer_network``."""
+    group = spec.group(identity.group)
+    env: dict[str, str] = {}
+    uri = environ.get(ENV_CHECKPOINT_URI, "").strip()
+    checkpoint_s3_uri: str | None = None
+    checkpoint_dir: str | None = None
+    if is_s3_uri(uri):
+        checkpoint_s3_uri, checkpoint_dir = uri, checkpoint_staging_dir()
+    elif uri:
+        checkpoint_dir = uri
+    elif backend is Backend.SAGEMAKER:
+        # SageMaker syncs this folder with the job's CheckpointConfig S3 URI (managed Spot).
+        checkpoint_dir = SAGEMAKER_CHECKPOINT_DIR
+    if group.role is Role.TRAINER:
+        if network_interface:
+            env["NCCL_SOCKET_IFNAME"] = network_interface
+        # On EC2 the trainer keeps looking for data servers by the cluster's tags while it runs
+        # (a replacement comes back at a new address). A SageMaker job's hosts are fixed for
+        # its lifetime (a managed Spot restart starts the whole job again): the list suffices.
+        data_servers: tuple[str, ...] = found_peers.data_servers
+        if spec.dataprep_groups and backend is Backend.EC2:
+            data_servers = (f"ec2:{identity.cluster or spec.name}",)
+            if identity.region:
+                env.setdefault(ENV_REGION, identity.region)
+        # EFA or TCP sockets, decided once at start-up: FI_* variables only where EFA works.
+        env.update(efa_env or {})
+        cmd = roles.trainer_command(
+            spec,
+            spec_path=spec_path,
+            run_dir=run_dir or default_run_dir(spec, backend),
+            trainer_hosts=found_peers.trainer_hosts(spec),
+            node_rank=found_peers.self_index,
+            data_servers=data_servers,
+            checkpoint_dir=checkpoint_dir,
+            rendezvous_port=rendezvous_port,
+            rendezvous_timeout_s=rendezvous_timeout_s,
+            outcome_dir=outcome_dir,
+            autoscale=backend_arg(spec, backend.value, identity.cluster or spec.name),
+            env=env,
+        )
+        if checkpoint_s3_uri is not None:
+            cmd = roles.RoleCommand((*cmd.argv, "--checkpoint-s3-uri", checkpoint_s3_uri), cmd.env)
+        commands: tuple[tuple[str, roles.RoleCommand], ...] = (("trainer", cmd),)
+    else:
+        # On EC2, the instance's own private address: the one its peers find it by.
+        host = {Backend.LOCAL: "127.0.0.1", Backend.EC2: identity.host or "0.0.0.0"}.get(
+            backend, "0.0.0.0"
+        )
+        base = spec.job.dataplane.port
+        if backend is Backend.LOCAL:
+            # On loopback every dataprep instance needs its own ports.
+            base += found_peers.self_index * group.ranks_per_instance
+        commands = tuple(
+            (
+                f"data-server-{i}",
+                roles.RoleCommand(
+                    roles.data_server_command(spec_path=spec_path, port=base + i, host=host).argv,
+                    env,
+                ),
+            )
+            for i in range(group.ranks_per_instance)
+        )
+    return LaunchPlan(
+        backend=backend,
+        identity=identity,
+        role=group.role,
+        peers=found_peers,
+        commands=commands,
+        env=env,
+        checkpoint_s3_uri=checkpoint_s3_uri if group.role is Role.TRAINER else None,
+        checkpoint_dir=checkpoint_dir if group.role is Role.TRAINER else None,
+    )
+
+
+def trainer_efa_env(
+    spec: ClusterSpec, identity: GroupIdentity, backend: Backend
+) -> dict[str, str] | None:
+    """A trainer's EFA and NCCL variables (``efa.trainer_network``, which logs its decision);
+    None, logged, when the group has efa = "on" and this host cannot give NCCL EFA. Local runs
+    talk over loopback on one machine: EFA plays no part there."""
+    group = spec.group(identity.group)
+    if group.role is not Role.TRAINER or backend is Backend.LOCAL:
+        return {}
+    try:
+        return dict(efa.trainer_network(group).env)
+    except efa.EfaUnavailable as e:
+        log.error("%s", e)
+        return None
+
+
+def log_plan(plan: LaunchPlan) -> None:
+    log.info(
+        "backend %s, group %r (%s), host %d of %d",
+        plan.backend.value,
+        plan.identity.group,
+        plan.role.value,
+        plan.peers.self_index + 1,
+        len(plan.peers.hosts[plan.identity.group]),
+    )
+
+
+def print_plan(plan: LaunchPlan) -> None:
+    for name, cmd in plan.commands:
+        extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
+        print(f"{name}: {extra + ' ' if extra else ''}{shlex.join(cmd.argv)}")

@@ -1,0 +1,438 @@
+"""The spec's dataclasses: ``InstanceGroup``, the job's sections and ``ClusterSpec``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from training import instance_types
+from training.spec.enums import (
+    CLUSTER_PLACEMENT_DOC,
+    DatasetSource,
+    Efa,
+    GradCompression,
+    Interpolation,
+    Market,
+    MixupMode,
+    Optimizer,
+    Parallelism,
+    Placement,
+    Precision,
+    Recipe,
+    Role,
+    Schedule,
+    SpecError,
+)
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """One group of identical-role instances (one Auto Scaling group on EC2)."""
+
+    name: str
+    """Group name: tags, Auto Scaling group name and SageMaker instance group name."""
+    role: Role
+    """``trainer`` runs torchrun with the ViT trainer; ``dataprep`` runs the gRPC data server."""
+    instance_types: tuple[str, ...]
+    """Ordered by preference; Spot groups may get any of them."""
+    count: int
+    """Number of instances (an elastic group's start: ``min_count <= count <= max_count``)."""
+    market: Market = Market.SPOT
+    efa: Efa = Efa.AUTO
+    """``auto``: EFA where every listed type has it; ``on``: required; ``off``: never."""
+    processes_per_instance: int | None = None
+    """Trainer ranks (or data servers) per instance; default: GPUs per instance, or 1."""
+    placement: Placement | None = None
+    """``cluster`` or ``none``; ``None`` (not in the spec) resolves by
+    ``uses_cluster_placement``."""
+    min_count: int | None = None
+    """Dataprep groups only: with ``max_count``, the group is elastic (the data-tier controller,
+    ``training.dataplane.autoscale``, sizes it between the two); default ``count``."""
+    max_count: int | None = None
+    """Dataprep groups only: the most instances the controller may run; default ``count``."""
+
+    @property
+    def min_size(self) -> int:
+        return self.count if self.min_count is None else self.min_count
+
+    @property
+    def max_size(self) -> int:
+        return self.count if self.max_count is None else self.max_count
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the data-tier controller sizes this group (its min and max differ)."""
+        return self.min_size != self.max_size
+
+    @property
+    def uses_cluster_placement(self) -> bool:
+        """Whether the group gets a cluster placement group of its own: as the spec says, else
+        only where it pays, that is trainer groups of more than one instance (their gradient
+        all-reduce crosses instances) and groups that use EFA ("We recommended you launch all
+        instances that use EFA in a cluster placement group", one per node group: AWS PCS,
+        https://docs.aws.amazon.com/pcs/latest/userguide/working-with_networking_efa_create-placement-group.html).
+        Dataprep groups and single-instance trainer groups default to none: every launch into
+        a cluster placement group, Spot replacements and Capacity Rebalancing's included, is
+        one more chance of an insufficient capacity error (``CLUSTER_PLACEMENT_DOC``) for no
+        gain. The one rule that infra, preflight and ``spec check`` read."""
+        if self.placement is not None:
+            return self.placement is Placement.CLUSTER
+        return (self.role is Role.TRAINER and self.count > 1) or self.use_efa
+
+    @property
+    def placement_warning(self) -> str | None:
+        """Why this group's placement goes against AWS's advice, or None: a cluster placement
+        group with several instance types. ``hetero spec check`` and ``hetero preflight`` print
+        it with ``PLACEMENT_WARNING_FIX``; a warning, not an error (the spec stays valid)."""
+        if not self.uses_cluster_placement or len(self.instance_types) < 2:
+            return None
+        return (
+            f"group {self.name!r} uses a cluster placement group with "
+            f"{len(self.instance_types)} instance types ({', '.join(self.instance_types)}); "
+            "AWS recommends the same instance type for all instances in a cluster placement "
+            "group: more than one type raises the chance of an insufficient capacity error "
+            f"({CLUSTER_PLACEMENT_DOC})"
+        )
+
+    @property
+    def use_efa(self) -> bool:
+        if self.efa is Efa.OFF:
+            return False
+        return all(_supports_efa(t) for t in self.instance_types)
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return instance_types.CATALOG[self.instance_types[0]].gpus
+
+    @property
+    def ranks_per_instance(self) -> int:
+        if self.processes_per_instance is not None:
+            return self.processes_per_instance
+        return max(1, self.gpus_per_instance) if self.role is Role.TRAINER else 1
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str = "vit_base_patch16_224"
+    """Any timm model name (ViTs are what the project is tuned for)."""
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``timm.create_model`` (e.g. ``depth``, ``embed_dim``, ``img_size``)."""
+    init: str | None = None
+    """Start from these weights: a ``model.safetensors`` (this project's export or any timm
+    file), a local path or an ``s3://`` URI; the classifier is re-initialised when its class
+    count differs."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    source: DatasetSource = DatasetSource.SYNTHETIC
+    path: str | None = None
+    """Folder (ImageFolder layout) for ``folder``; ``s3://bucket/prefix/`` for ``s3``; for
+    ``shards``, the folder or ``s3://`` prefix ``hetero dataset prep --out`` wrote (or its
+    ``manifest.json``)."""
+    num_samples: int = 50_000
+    """Synthetic only: images per epoch."""
+    num_classes: int = 1000
+    """Synthetic only (folders and S3 prefixes take theirs from the class sub-folders)."""
+    image_size: int = 224
+    """Side of the square crop the trainer receives."""
+    val_path: str | None = None
+    """Validation images beside the training ones: a folder (source ``folder``) or an
+    ``s3://`` prefix (source ``s3``) in the same layout, with the same class names."""
+    val_fraction: float = 0.0
+    """Or: hold out this share of the dataset for validation (a split seeded by
+    ``split_seed`` that never overlaps training); 0 with no ``val_path``: no validation."""
+    split_seed: int = 0
+    """Seed of the ``val_fraction`` split (kept apart from ``job.seed``, so changing the
+    training seed keeps the same validation set)."""
+    manifest_sha256: str | None = None
+    """``shards``: the manifest's checksum (``hetero dataset prep`` and ``verify`` print it);
+    a job whose manifest has other bytes refuses to start (the dataset changed under it)."""
+    shuffle_shards: int = 8
+    """``shards``: how many shards an epoch shuffles together (a seeded order of the shards,
+    then of the samples of each run of this many); more mixes better and keeps more shards in
+    use at once."""
+    cache_dir: str | None = None
+    """``shards`` in S3: the folder for the local shard cache (default: ``$TMPDIR``'s
+    ``hetero-shards``)."""
+    cache_gb: float | None = None
+    """``shards`` in S3: the cache's size cap (default: the dataset's size, at most 80% of
+    the free space in ``cache_dir``)."""
+
+    @property
+    def has_validation(self) -> bool:
+        """``shards`` carry their validation split in the manifest (``hetero dataset prep
+        --val-src`` or ``--val-fraction``)."""
+        return (
+            self.source is DatasetSource.SHARDS
+            or self.val_path is not None
+            or self.val_fraction > 0
+        )
+
+
+@dataclass(frozen=True)
+class AugmentationSpec:
+    """The training transform: one of the ``Recipe`` presets, with any parameter of timm's
+    ``create_transform`` that matters set over it. ``None`` keeps the preset's value."""
+
+    preset: Recipe = Recipe.STANDARD
+    scale: tuple[float, float] | None = None
+    """RandomResizedCrop area range (preset: ImageNet's (0.08, 1.0))."""
+    ratio: tuple[float, float] | None = None
+    """RandomResizedCrop aspect range (preset: (3/4, 4/3))."""
+    hflip: float | None = None
+    """Horizontal flip probability (preset: 0.5)."""
+    vflip: float | None = None
+    """Vertical flip probability (preset: 0)."""
+    color_jitter: float | tuple[float, ...] | None = None
+    """Brightness/contrast/saturation[/hue] jitter; one number for the first three (preset:
+    none)."""
+    auto_augment: str | None = None
+    """A timm policy string (``rand-m9-mstd0.5-inc1``, ``augmix-m5-w4-d2``, ``original``...);
+    ``""`` for none (preset: RandAugment for ``randaugment``, none otherwise)."""
+    interpolation: Interpolation | None = None
+    """Resize interpolation (preset: bilinear)."""
+    re_prob: float = 0.0
+    """Random erasing probability, applied on the trainer's device after normalisation (as
+    timm's prefetcher does)."""
+    re_mode: str = "pixel"
+    """Random erasing fill: ``const``, ``rand`` or ``pixel``."""
+    re_count: int = 1
+    """At most this many erased boxes per image."""
+
+    @property
+    def is_preset(self) -> bool:
+        """True when nothing but the preset is set."""
+        return self == AugmentationSpec(preset=self.preset)
+
+    def describe(self) -> str:
+        """The preset name, or the preset with what is set over it."""
+        if self.is_preset:
+            return self.preset.value
+        changed = [
+            f"{f.name}={getattr(self, f.name)}"
+            for f in fields(self)
+            if f.name != "preset" and getattr(self, f.name) != getattr(AugmentationSpec, f.name)
+        ]
+        return f"{self.preset.value}({', '.join(changed)})"
+
+
+@dataclass(frozen=True)
+class MixupSpec:
+    """``timm.data.Mixup`` on the trainer's device; off while both alphas are 0."""
+
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    prob: float = 1.0
+    """Probability of mixing a batch (or a pair/element)."""
+    switch_prob: float = 0.5
+    """With both alphas on: probability of CutMix rather than Mixup."""
+    mode: MixupMode = MixupMode.BATCH
+
+    @property
+    def enabled(self) -> bool:
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+@dataclass(frozen=True)
+class EmaSpec:
+    """An exponential moving average of the weights (``timm.utils.ModelEmaV3``), evaluated
+    beside the raw weights and exported when on."""
+
+    decay: float = 0.0
+    """0: off; e.g. 0.999 for a few thousand steps, 0.9999 for long runs."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.decay > 0
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Validation: timm's eval transform (resize to ``image_size / crop_pct``, centre crop)."""
+
+    every_steps: int = 0
+    """Evaluate every N optimizer steps (0: only at the end); always at the end."""
+    crop_pct: float = 0.875
+    interpolation: Interpolation = Interpolation.BILINEAR
+    batch_size: int | None = None
+    """Per rank (default: ``job.batch_size``)."""
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    interval_steps: int = 200
+    """Save every N optimizer steps (and on SIGTERM / Spot interruption)."""
+    dir: str = "runs/checkpoints"
+    """Local folder, or ``s3://`` URI on AWS."""
+    keep: int = 2
+    """Complete checkpoints to keep (older ones are deleted)."""
+    async_save: bool = False
+    """Write periodic checkpoints in the background (``torch.distributed.checkpoint.async_save``):
+    training stalls only while the state is copied to host memory, and the step counts as saved
+    once every rank's write (and upload) has finished. Costs one extra copy of the model and
+    optimizer state in host memory while a save is in flight."""
+
+
+@dataclass(frozen=True)
+class ParallelismSpec:
+    strategy: Parallelism = Parallelism.DDP
+    shard_degree: int | None = None
+    """HSDP: ranks that shard one replica (default: ranks per trainer instance)."""
+    replicate_degree: int | None = None
+    """HSDP: number of replicas (default: world size / shard degree)."""
+    grad_compression: GradCompression = GradCompression.NONE
+    """DDP only: ``bf16`` halves the gradient all-reduce bytes at bf16 precision."""
+
+
+@dataclass(frozen=True)
+class PricesSpec:
+    usd_per_hour: Mapping[str, float] = field(default_factory=dict)
+    """Explicit prices per instance type; they win over the offline table."""
+    spot_price_ratio: float = 0.35
+    """Spot price as a share of On-Demand when no explicit price is given (an estimate)."""
+
+    def hourly(self, instance_type: str, market: Market) -> float:
+        """USD per hour for one instance of ``instance_type`` in ``market``."""
+        if instance_type in self.usd_per_hour:
+            return float(self.usd_per_hour[instance_type])
+        on_demand = instance_types.CATALOG[instance_type].on_demand_usd_per_hour
+        return on_demand * (self.spot_price_ratio if market is Market.SPOT else 1.0)
+
+
+@dataclass(frozen=True)
+class DataPlaneSpec:
+    port: int = 50051
+    """Port each data server listens on (locally: the first; the others follow)."""
+    prefetch_batches: int = 8
+    """The reorder window: batches a trainer rank's client requests or holds ahead of the
+    trainer (its memory is this many batches; batches reach the trainer in the planned order)."""
+    chunk_batches: int = 2
+    """Batches per range of positions handed to a data server stream at a time."""
+    streams_per_server: int = 1
+    """Concurrent streams (each its own connection) from a trainer rank to each data server."""
+    refresh_s: float = 5.0
+    """How often the trainer asks where the data servers are (joiners get work after this)."""
+    wait_for_data_s: float = 600.0
+    """How long the trainer waits for a batch while no data server delivers (counted as
+    data-wait) before it fails."""
+    workers_per_server: int = 0
+    """Augmentation worker processes per data server (0: one per core)."""
+    rpc_timeout_s: float = 60.0
+    """Deadline for each RPC."""
+    server_memory_mb: int = 0
+    """Bound on batch bytes in flight across all streams of a data server, in MB (0: derived
+    from the host's memory)."""
+    autoscale_target_wait: float = 0.05
+    """Elastic dataprep groups: the data-wait share the controller keeps the trainer under
+    (``training.dataplane.autoscale``)."""
+    autoscale_max_busy: float = 0.75
+    """Elastic dataprep groups: a scale-in happens only when the servers left would be busy
+    at most this share of their time (and the data-wait share is under half the target)."""
+    autoscale_window: int = 3
+    """Elastic dataprep groups: metric intervals (``job.log_every`` steps each) the controller
+    averages before it decides; one slow interval does not decide alone."""
+    autoscale_cooldown_s: float = 60.0
+    """Elastic dataprep groups: seconds after a change (once every new server serves) before
+    the next decision."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    model: ModelSpec = field(default_factory=ModelSpec)
+    batch_size: int = 64
+    """Per trainer rank, per micro-step."""
+    grad_accum_steps: int = 1
+    steps: int | None = None
+    """Optimizer steps to run (default 1000 when ``epochs`` is not set either)."""
+    epochs: int | None = None
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.05
+    """Not applied to norms, biases and embeddings (timm's parameter groups)."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to ``lr``, counted in optimizer steps."""
+    optimizer: Optimizer = Optimizer.ADAMW
+    momentum: float = 0.9
+    """SGD only."""
+    schedule: Schedule = Schedule.COSINE
+    min_lr: float = 0.0
+    """The cosine schedule's floor (reached at the last step)."""
+    clip_grad_norm: float = 0.0
+    """Clip the gradients' total norm to this (0: off)."""
+    label_smoothing: float = 0.0
+    mixup: MixupSpec = field(default_factory=MixupSpec)
+    ema: EmaSpec = field(default_factory=EmaSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    accuracy_targets: tuple[float, ...] = ()
+    """Validation top-1 targets (0-1): the summary reports the step, time, samples and USD at
+    which each was first reached."""
+    precision: Precision = Precision.BF16
+    """bf16 autocast on GPU; CPU runs stay in fp32."""
+    compile: bool = False
+    """``torch.compile`` the model."""
+    seed: int = 0
+    log_every_steps: int = 10
+    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    augmentation: AugmentationSpec = field(default_factory=AugmentationSpec)
+    """A preset name (``augmentation = "standard"``) or a table (``[job.augmentation]``)."""
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    prices: PricesSpec = field(default_factory=PricesSpec)
+    dataplane: DataPlaneSpec = field(default_factory=DataPlaneSpec)
+    max_hours: float | None = None
+    """Budget: stop the job (checkpoint, outcome ``stopped``, every group at 0) once this many
+    hours have passed since it started (``training.launcher.budget``). None: no cap."""
+    max_usd: float | None = None
+    """Budget: stop the job likewise once the cluster's price (``ClusterSpec.usd_per_hour``)
+    times the hours since it started reaches this many USD. None: no cap."""
+
+    @property
+    def total_steps(self) -> int | None:
+        """Optimizer steps, or None when the job runs by epochs."""
+        if self.steps is not None:
+            return self.steps
+        return None if self.epochs is not None else 1000
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    """Cluster name: stack names, tags, SageMaker job name prefix."""
+    groups: tuple[InstanceGroup, ...]
+    job: JobSpec
+    availability_zone_index: int = 0
+    """Which AZ of the region (by index) holds every instance (and every placement group)."""
+    source: str = "cluster spec"
+
+    @property
+    def trainer_group(self) -> InstanceGroup:
+        return next(g for g in self.groups if g.role is Role.TRAINER)
+
+    @property
+    def dataprep_groups(self) -> tuple[InstanceGroup, ...]:
+        return tuple(g for g in self.groups if g.role is Role.DATAPREP)
+
+    def group(self, name: str) -> InstanceGroup:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        valid = ", ".join(g.name for g in self.groups)
+        raise SpecError([f"no instance group named {name!r}; the spec has: {valid}"], self.source)
+
+    @property
+    def world_size(self) -> int:
+        g = self.trainer_group
+        return g.count * g.ranks_per_instance
+
+    def usd_per_hour(self) -> float:
+        """What the whole cluster costs per hour (every group, first listed type)."""
+        return sum(
+            g.count * self.job.prices.hourly(g.instance_types[0], g.market) for g in self.groups
+        )
+
+
+def _supports_efa(instance_type: str) -> bool:
+    entry = instance_types.lookup(instance_type)
+    return entry is not None and entry.supports_efa
