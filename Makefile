@@ -48,7 +48,7 @@ lint: install
 
 # The tests run on every core (pytest-xdist); tests/conftest.py starts the longest first.
 test: install-dev lint
-	$(BIN)/pytest -n auto --dist worksteal
+	$(BIN)/pytest -n auto --dist worksteal --durations=10
 
 proto: install
 	$(BIN)/python scripts/gen_proto.py

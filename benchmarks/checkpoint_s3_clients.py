@@ -60,9 +60,9 @@ def build_state(model_name: str, image_size: int) -> dict[str, Any]:
 
 
 def _patient_client() -> Any:
-    """The production client (``bounded_client``) but with a 120 s read timeout: moto joins a
-    1 GB multipart upload in Python, which on a loaded 2-core machine can take longer than the
-    production 10 s and then fails the save (a limit of moto, not of S3). The CRT client has no
+    """The production client (``training.common.aws.client``) but with a 120 s read timeout: moto
+    joins a 1 GB multipart upload in Python, which on a loaded 2-core machine can take longer than
+    the production 10 s and then fails the save (a limit of moto, not of S3). The CRT client has no
     read timeout of its own to match."""
     import boto3
     from botocore.config import Config

@@ -44,6 +44,7 @@ from training.common.names import (
     SAGEMAKER_JOB_PREFIX,
     SAGEMAKER_SPEC_CHANNEL,
 )
+from training.common.s3 import s3_uri
 from training.launcher.plan import SAGEMAKER_CHECKPOINT_DIR
 from training.spec import ClusterSpec, DatasetSource, Market, load_spec
 
@@ -347,7 +348,7 @@ def build_plan(
         )
 
     bucket = outputs["CheckpointBucketName"]
-    job_uri = f"s3://{bucket}/{SAGEMAKER_JOB_PREFIX}/{job_name}"
+    job_uri = s3_uri(bucket, f"{SAGEMAKER_JOB_PREFIX}/{job_name}")
     checkpoint_uri = f"{outputs['CheckpointUri'].rstrip('/')}/{SAGEMAKER_JOB_PREFIX}/{job_name}/"
     stopping: dict[str, int] = {"MaxRuntimeInSeconds": max_run_s}
     if managed_spot:

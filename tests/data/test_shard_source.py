@@ -221,7 +221,8 @@ def test_a_shard_that_changed_in_s3_is_refused_not_used(
     assert str(e.value).endswith(
         f"the manifest says {shard.sha256}: it changed or was corrupted; run hetero dataset verify"
     )
-    assert list(tmp_path.glob("*.tar")) == [] and list(tmp_path.glob("*.partial-*")) == []
+    # Nothing but the shard's lock file is left: no shard, no half-fetched temporary.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{shard.sha256}.lock"]
 
 
 # -- the spec -------------------------------------------------------------------------------

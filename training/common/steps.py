@@ -9,8 +9,16 @@ MARKER = "COMPLETE"
 STEP_PATTERN = re.compile(r"^step-(\d+)$")
 
 
+PARTIAL_SUFFIX = ".partial"
+"""A save in progress writes ``step-N.partial/``, renamed to ``step-N`` once complete."""
+
+
 def step_name(step: int) -> str:
     return f"step-{step}"
+
+
+def partial_name(step: int) -> str:
+    return f"{step_name(step)}{PARTIAL_SUFFIX}"
 
 
 def step_of(name: str) -> int | None:

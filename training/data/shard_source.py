@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from training.common import s3
+from training.common.files import write_atomically
 from training.common.names import ENV_SHARD_CACHE_DIR
 from training.data.lazy_s3 import LazyS3Client
 from training.data.manifest import (
@@ -91,8 +92,8 @@ class ShardCache:
         with self._locked(shard):
             if _has_size(path, shard.bytes):  # another worker fetched it meanwhile
                 return path
-            partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-            try:
+
+            def fetch_checked(partial: Path) -> None:
                 fetch(shard, partial)
                 got = file_sha256(partial)
                 if got != shard.sha256:
@@ -100,9 +101,8 @@ class ShardCache:
                         f"shard {shard.name} has sha256 {got}, the manifest says {shard.sha256}: "
                         "it changed or was corrupted; run hetero dataset verify"
                     )
-                os.replace(partial, path)
-            finally:
-                partial.unlink(missing_ok=True)
+
+            write_atomically(path, fetch_checked)
             self.downloads += 1
         self._evict(keep=path)
         return path

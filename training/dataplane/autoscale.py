@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 from training.common import aws
 from training.common.files import write_atomically
+from training.common.names import asg_name
 from training.spec import ClusterSpec, InstanceGroup
 
 log = logging.getLogger(__name__)
@@ -397,8 +398,6 @@ def backend_arg(spec: ClusterSpec, backend: str, cluster: str) -> str:
     if policy is None:
         return ""
     if backend == "ec2":
-        from training.common.names import asg_name
-
         return f"asg:{asg_name(cluster, policy.group)}"
     return "report" if backend == "sagemaker" else ""
 

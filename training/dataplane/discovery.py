@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +30,7 @@ from training.common.hosts import (
     sagemaker_hosts,
     terminating_instances,
 )
-from training.common.names import SAGEMAKER_RESOURCECONFIG
+from training.common.names import ENV_REGION, SAGEMAKER_RESOURCECONFIG
 from training.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -197,10 +198,6 @@ def parse_discovery(text: str, spec: ClusterSpec) -> ServerDiscovery:
     text = text.strip()
     kind, _, arg = text.partition(":")
     if kind == "ec2":
-        import os
-
-        from training.common.names import ENV_REGION
-
         region = os.environ.get("AWS_REGION") or os.environ.get(ENV_REGION)
         return Ec2Servers(spec, cluster=arg or None, region=region)
     if kind == "sagemaker":

@@ -48,7 +48,7 @@ from training.common.jobparam import (
     read_job_pointer,
 )
 from training.common.names import asg_name, job_parameter_name
-from training.common.s3 import parse_s3_uri
+from training.common.s3 import parse_s3_uri, s3_uri
 from training.spec import ClusterSpec, InstanceGroup, load_spec
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def archive_job_record(s3: Any, checkpoint_uri: str, job_id: str) -> tuple[str, 
     for key in keys:
         new_key = target + key[len(source) :]
         s3.copy_object(Bucket=bucket, Key=new_key, CopySource={"Bucket": bucket, "Key": key})
-        moved.append(f"s3://{bucket}/{new_key}")
+        moved.append(s3_uri(bucket, new_key))
     for i in range(0, len(keys), _DELETE_BATCH):
         batch = keys[i : i + _DELETE_BATCH]
         reply = s3.delete_objects(
@@ -188,7 +188,7 @@ def archive_job_record(s3: Any, checkpoint_uri: str, job_id: str) -> tuple[str, 
                 f"copying them to s3://{bucket}/{target} (first: {first.get('Key')}: "
                 f"{first.get('Code')} {first.get('Message')}); run this again to finish the move"
             )
-    return f"s3://{bucket}/{target}", tuple(moved)
+    return s3_uri(bucket, target), tuple(moved)
 
 
 def start_job(

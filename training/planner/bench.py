@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from training.common.files import write_atomically
+from training.common.s3 import is_s3_uri
 from training.data.transforms import encode_recipe
 from training.planner.errors import PlanError
 from training.planner.results import RESULTS_DIR, THROUGHPUT_FILE, THROUGHPUT_FORMAT
@@ -359,7 +360,7 @@ def measure_shard_reads(
     from training.data.shard_source import ShardImages
 
     dataset = spec.job.dataset
-    if dataset.source is not DatasetSource.SHARDS or not (dataset.path or "").startswith("s3://"):
+    if dataset.source is not DatasetSource.SHARDS or not is_s3_uri(dataset.path or ""):
         return None
     assert dataset.path is not None
     with tempfile.TemporaryDirectory(prefix="hetero-bench-shards-") as cache:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from training.common.s3 import is_s3_uri
 from training.planner.candidates import Candidate, candidates, check_region
 from training.planner.errors import PlanError
 from training.planner.evaluate import DataprepPolicy, Plan, rank, spot_score_groups
@@ -160,7 +161,7 @@ def read_prepared_dataset(
     dataset = spec.job.dataset
     if dataset.source is not DatasetSource.SHARDS or not dataset.path:
         return None
-    if offline and dataset.path.startswith("s3://"):
+    if offline and is_s3_uri(dataset.path):
         notes.append(
             f"the prepared dataset's manifest ({dataset.path}) is in S3 and the plan is offline: "
             "its reads from S3 are left out"

@@ -42,7 +42,7 @@ from training.common.names import (
     asg_name,
     job_parameter_name,
 )
-from training.common.s3 import read_object
+from training.common.s3 import read_object, s3_uri
 from training.launcher.boot_watch import INSTANCE_INITIATED_SHUTDOWN
 from training.spec import ClusterSpec
 
@@ -75,7 +75,7 @@ class ClusterNames:
 
     @property
     def checkpoint_uri(self) -> str:
-        return f"s3://{self.bucket}/{self.checkpoint_prefix}"
+        return s3_uri(self.bucket, self.checkpoint_prefix)
 
     @property
     def job_record_key(self) -> str:

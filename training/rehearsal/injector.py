@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from typing import Any
 
 import psutil
 
+from training.common.steps import PARTIAL_SUFFIX, partial_name, step_of
 from training.launcher.plan import checkpoint_staging_dir
 from training.rehearsal.aws import AwsEmulator, ClusterNames
 from training.rehearsal.events import EventLog
@@ -61,7 +61,6 @@ SAVE_WATCH_S = 120.0
 """kill-in-save: how long to wait for a checkpoint write to start before giving up."""
 SAVE_POLL_S = 0.025
 """kill-in-save: how often the staging folder is looked at (a tiny model's write is short)."""
-_PARTIAL_RE = re.compile(r"^step-(\d+)\.partial$")
 
 
 def _pid_in(pids: set[int], proc: psutil.Process) -> bool:
@@ -74,7 +73,9 @@ def partial_steps(staging: Path) -> list[int]:
         entries = list(staging.iterdir())
     except OSError:  # Not made yet (no save so far), or removed with its instance.
         return []
-    return sorted(int(m[1]) for p in entries if (m := _PARTIAL_RE.match(p.name)) and p.is_dir())
+    names = [p.name for p in entries if p.name.endswith(PARTIAL_SUFFIX) and p.is_dir()]
+    steps = (step_of(name.removesuffix(PARTIAL_SUFFIX)) for name in names)
+    return sorted(n for n in steps if n is not None)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def watch_save(
         if steps:
             on_write(steps[-1])
             return SaveWatch(
-                steps[-1], f"step-{steps[-1]}.partial in {staging}", time.monotonic() - started
+                steps[-1], f"{partial_name(steps[-1])} in {staging}", time.monotonic() - started
             )
         why = stop_reason()
         if why is not None:
@@ -405,7 +406,7 @@ class FaultInjector(threading.Thread):
             rec.fired_t, rec.fired_wall = self.events.elapsed(), time.time()
             rec.step_at_fire = self.steps.current_step()
             # Before TerminateInstances: the simulator removes the TMPDIR with the instance.
-            rec.partial_at_kill = (staging / f"step-{step}.partial").is_dir()
+            rec.partial_at_kill = (staging / partial_name(step)).is_dir()
 
         def stop_reason() -> str | None:
             if self._stopped.is_set():

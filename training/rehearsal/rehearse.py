@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from training.common.jobrecord import JobRecord
-from training.common.steps import MARKER, step_of
+from training.common.steps import MARKER, step_name, step_of
 from training.data.order import order_for
 from training.data.splits import Split, build_split
 from training.rehearsal import audit, params, report
@@ -361,7 +361,7 @@ def _save_final_checkpoint(
         events.add("checkpoint", "no complete checkpoint in S3")
         return None
     step = steps[-1]
-    dest = out / FINAL_CHECKPOINT_DIR / f"step-{step}"
+    dest = out / FINAL_CHECKPOINT_DIR / step_name(step)
     files = aws.download_prefix(names.bucket, f"{names.checkpoint_prefix}step-{step}/", dest)
     events.add("checkpoint", f"downloaded step-{step} ({files} files) to {dest}")
     return {

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from training.common.s3 import is_s3_uri
 from training.spec.augmentation import _parse_augmentation
 from training.spec.enums import (
     DatasetSource,
@@ -147,7 +148,7 @@ def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
         path = r.get(ds_t, "path", str, None)
         if source is DatasetSource.FOLDER and not path:
             r.problem("path", "source 'folder' needs path = a folder of class sub-folders")
-        if source is DatasetSource.S3 and not (path and path.startswith("s3://")):
+        if source is DatasetSource.S3 and not (path and is_s3_uri(path)):
             r.problem("path", "source 's3' needs path = 's3://bucket/prefix/'")
         if source is DatasetSource.SHARDS and not path:
             r.problem(
@@ -183,9 +184,9 @@ def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
                 )
             if source is DatasetSource.SYNTHETIC:
                 r.problem("val_path", "source 'synthetic' has no folder; use val_fraction")
-            elif source is DatasetSource.S3 and not val_path.startswith("s3://"):
+            elif source is DatasetSource.S3 and not is_s3_uri(val_path):
                 r.problem("val_path", "source 's3' needs val_path = 's3://bucket/prefix/'")
-            elif source is DatasetSource.FOLDER and val_path.startswith("s3://"):
+            elif source is DatasetSource.FOLDER and is_s3_uri(val_path):
                 r.problem("val_path", "source 'folder' needs val_path = a local folder")
             elif val_path.rstrip("/") == (path or "").rstrip("/"):
                 r.problem("val_path", "is the training path; validation must be other images")

@@ -53,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from training.common.files import write_atomically
-from training.common.steps import MARKER, step_name, step_of
+from training.common.steps import MARKER, partial_name, step_name, step_of
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import ConfigError
 
@@ -401,7 +401,7 @@ class Checkpointer:
         )
         if done:
             return None
-        partial = self.directory / f"{step_name(step)}.partial"
+        partial = self.directory / partial_name(step)
 
         def clear_local() -> None:  # Each host clears its own leftovers of a cut-off save.
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -578,7 +578,7 @@ class Checkpointer:
 
 
 def _step_of(path: Path | None) -> int | None:
-    return None if path is None else int(path.name.removeprefix("step-"))
+    return None if path is None else step_of(path.name)
 
 
 def _since(t0: float) -> float:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from training.common.names import ENV_BUDGET_DEADLINE, ENV_CLUSTER, ENV_SAMPLE_LOG_DIR
-from training.common.s3 import parse_s3_uri
+from training.common.s3 import is_s3_uri, parse_s3_uri
 from training.spec import ClusterSpec, GradCompression, Parallelism, Precision
 
 ENV_COLLECTIVE_TIMEOUT = "HETERO_COLLECTIVE_TIMEOUT_S"
@@ -256,7 +256,7 @@ class TrainerConfig:
         ckpt_field = "--checkpoint-dir" if checkpoint_dir is not None else "job.checkpoint.dir"
         ckpt = str(checkpoint_dir) if checkpoint_dir is not None else job.checkpoint.dir
         s3_uri = checkpoint_s3_uri.strip() if checkpoint_s3_uri else None
-        if ckpt.startswith("s3://"):
+        if is_s3_uri(ckpt):
             if s3_uri is not None and s3_uri.rstrip("/") != ckpt.rstrip("/"):
                 problems.append(
                     f"{ckpt_field} = {ckpt!r} and --checkpoint-s3-uri = {s3_uri!r} name two "

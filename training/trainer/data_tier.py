@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from training.common.jobrecord import JobRecord
 from training.dataplane.autoscale import Autoscaler, Decision, actuator_from_arg, policy_for
 from training.trainer.config import InputKind, TrainerConfig
 
@@ -26,8 +27,6 @@ def build_autoscaler(config: TrainerConfig, stream: Any, rank: int) -> Autoscale
     group = next(g for g in config.spec.dataprep_groups if g.name == policy.group)
     record = None
     if config.checkpoint.s3_uri:
-        from training.common.jobrecord import JobRecord
-
         record = JobRecord(config.checkpoint.s3_uri)
 
     def on_decision(decision: Decision) -> None:
