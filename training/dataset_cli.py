@@ -85,6 +85,8 @@ def _pin(sha256: str) -> str:
 def run_prep(args: argparse.Namespace) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    # Deferred: the data package loads torch and torchvision, which `hetero dataset --help` and
+    # the other subcommands need not.
     from training.data.prep import MIB, PrepRequest, prep
     from training.data.prep_inputs import PrepError
 
@@ -124,6 +126,8 @@ def run_prep(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    # Deferred: the data package loads torch and torchvision, which `hetero dataset --help` and
+    # the other subcommands need not.
     from training.data.manifest import ManifestError
     from training.data.verify import MAX_PROBLEMS_SHOWN, verify
 

@@ -169,6 +169,7 @@ def budget_line(
 
 def _model_folder(s3: Any, checkpoint_uri: str) -> str | None:
     """``<checkpoint_uri>model/`` when its ``config.json`` (written last) is there."""
+    # Deferred: the export module loads torch and timm, which `hetero status` otherwise never does.
     from training.trainer.export import MODEL_FOLDER
 
     bucket, prefix = parse_s3_uri(checkpoint_uri)
