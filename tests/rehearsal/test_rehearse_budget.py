@@ -27,6 +27,11 @@ STEPS = 2
 # trainers are given a millisecond and stop after their first step, with a checkpoint, whatever
 # the machine's speed; the step that is the job's last still runs, and that job finishes.
 MAX_USD = 0.001
+# The continued job gets its own budget, as a user continues a stopped job with a larger cap
+# (`hetero job start --resume --max-usd`): about 50 minutes. Its clock starts at `hetero job
+# start`, before its instances boot; with the spec's 3 s, a loaded machine's launchers found it
+# spent before any trainer ran and the job stopped again without a step.
+RESUMED_MAX_USD = 1.0
 
 
 def spec(tmp_path: Path, name: str, extra: str = "") -> Path:
@@ -62,8 +67,9 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
 
     capped_spec = spec(tmp_path, "capped", f"max_usd = {MAX_USD}\n")
     report = rehearse(
-        capped_spec, tmp_path / "capped", "--baseline", str(baseline), "--resume-stopped", "3"
-    )
+        capped_spec, tmp_path / "capped", "--baseline", str(baseline),
+        "--resume-stopped", "1", "--resume-max-usd", str(RESUMED_MAX_USD),
+    )  # fmt: skip
     stopped = report["stopped_jobs"]
     assert len(stopped) == 1, stopped  # the first job stops after step 1, the second finishes
     (first,) = stopped
@@ -74,6 +80,7 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     # from the stopped job's checkpoint.
     (start,) = [e for e in report["events"] if e["kind"] == "job-start"]
     assert "(resumes job d-" in start["message"] and "record: moved to s3://" in start["message"]
+    assert f"budget: max_usd {RESUMED_MAX_USD:g} (instead of the spec's)" in start["message"]
     assert report["resumed_from_steps"] == [1]
     assert report["outcome"] == "finished"
     assert report["job_record"]["reason"] == "training finished"

@@ -113,6 +113,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "`hetero job start --resume`, at most N times (default 0: the rehearsal ends there)",
     )
     parser.add_argument(
+        "--resume-max-usd",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="the budget of each continued job (`hetero job start --resume --max-usd USD`; "
+        "default: the spec's job.max_usd)",
+    )
+    parser.add_argument(
         "--notice-seconds",
         type=float,
         default=None,
@@ -181,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         notice_s=notice,
         timeout_s=args.timeout,
         resume_stopped=args.resume_stopped,
+        resume_max_usd=args.resume_max_usd,
         launcher_args=tuple(
             arg
             for flag in ("restart_budget", "replacement_budget")

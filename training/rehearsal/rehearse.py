@@ -83,6 +83,8 @@ class RehearsalOptions:
     resume_stopped: int = 0
     """How many times a job that ends ``stopped`` (its budget) is continued with
     ``hetero job start --resume`` (the real command, against the emulated AWS)."""
+    resume_max_usd: float | None = None
+    """The continued job's own budget (``--max-usd``); None: the spec's."""
 
 
 def spec_digest(path: Path) -> str:
@@ -315,7 +317,7 @@ def _watch(
         if launched and not live and not injector.busy() and all(v == 0 for v in desired.values()):
             if outcome == "stopped" and len(stopped_jobs) < options.resume_stopped:
                 stopped_jobs.append({**(record or {}), "step": steps.current_step()})
-                start_next_job(options.spec_path, aws, events)
+                start_next_job(options.spec_path, aws, events, max_usd=options.resume_max_usd)
                 outcome = None
                 continue
             return "every group at 0 and every instance terminated", False
@@ -334,16 +336,20 @@ def _watch(
             return f"timed out after {options.timeout_s:.0f}s", True
 
 
-def start_next_job(spec_path: Path, aws: AwsEmulator, events: EventLog) -> None:
+def start_next_job(
+    spec_path: Path, aws: AwsEmulator, events: EventLog, *, max_usd: float | None = None
+) -> None:
     """``hetero job start --resume`` as a user would run it, against the emulated AWS: the
     stopped job's record moves to ``job-history/``, a new job id goes into the pointer and every
-    group goes back to its count. ``RuntimeError`` when it refuses."""
+    group goes back to its count; ``max_usd``: the new job's own budget (``--max-usd``).
+    ``RuntimeError`` when it refuses."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(FAKE_CREDENTIALS)
     env["AWS_ENDPOINT_URL"] = aws.endpoint_url
     argv = [
         sys.executable, "-m", "training.cli", "job", "start",
         "--spec", str(spec_path), "--resume", "--region", aws.region,
+        *(["--max-usd", f"{max_usd:g}"] if max_usd is not None else []),
     ]  # fmt: skip
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
