@@ -29,68 +29,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SPEC = """
-name = "autoscale-bench"
-
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 1
-
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-{counts}
-
-[job]
-batch_size = 16
-steps = {steps}
-lr = 1e-3
-precision = "fp32"
-log_every_steps = 5
-augmentation = "standard"
-
-[job.model]
-name = "vit_tiny_patch16_224"
-
-[job.model.overrides]
-img_size = 32
-patch_size = 8
-depth = 1
-embed_dim = 32
-num_heads = 2
-num_classes = 10
-
-[job.dataset]
-source = "synthetic"
-num_samples = 1600
-num_classes = 10
-image_size = 32
-
-[job.checkpoint]
-interval_steps = 100000
-dir = "{run}/checkpoints"
-
-[job.dataplane]
-port = 50400
-refresh_s = 1.0
-workers_per_server = 1
-autoscale_target_wait = {target}
-autoscale_window = 3
-autoscale_cooldown_s = 3.0
-"""
+from benchmarks.trainer_common import print_table, spec_data, write_result, write_spec
+from training.spec import Market, PricesSpec
 
 
-def run_once(args: argparse.Namespace, work: Path, name: str, counts: str) -> dict[str, Any]:
+def run_once(
+    args: argparse.Namespace, work: Path, name: str, counts: dict[str, int]
+) -> dict[str, Any]:
     run = work / name
-    spec = work / f"{name}.toml"
-    spec.write_text(
-        SPEC.format(
-            counts=counts, steps=args.switch_step + args.slow_steps, run=run, target=args.target
-        )
-    )
+    tiny = {"img_size": 32, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}
+    data = spec_data(
+        name="autoscale-bench", model="vit_tiny_patch16_224", overrides=tiny | {"num_classes": 10},
+        image_size=32, batch_size=16, steps=args.switch_step + args.slow_steps, precision="fp32",
+        log_every=5, dataprep=counts,
+        dataset={"source": "synthetic", "num_samples": 1600, "num_classes": 10},
+        checkpoint={"interval_steps": 100000, "dir": f"{run}/checkpoints"},
+        job={"lr": 1e-3, "augmentation": "standard", "dataplane": {
+            "port": 50400, "refresh_s": 1.0, "workers_per_server": 1,
+            "autoscale_target_wait": args.target, "autoscale_window": 3,
+            "autoscale_cooldown_s": 3.0,
+        }},
+    )  # fmt: skip
+    spec = write_spec(work / f"{name}.toml", data)
     env = {
         **os.environ,
         "HETERO_SERVE_MAX_IMAGES_PER_S": str(args.rate),
@@ -122,8 +82,6 @@ def summarise(
     train: list[dict[str, Any]],
     decisions: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    from training.spec import Market, PricesSpec
-
     fixed = None if name == "elastic" else int(name.split("-")[1])
     # Each record covers the steps since the one before: step_time_s x steps seconds.
     start = train[0]["time"] - train[0]["step_time_s"] * train[0]["steps"]
@@ -183,11 +141,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks autoscale")
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -195,28 +148,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        elastic = f"count = 1\nmin_count = 1\nmax_count = {args.max_count}"
+        elastic = {"count": 1, "min_count": 1, "max_count": args.max_count}
         rows.append(run_once(args, work, "elastic", elastic))
         for n in range(1, args.max_count + 1):
-            rows.append(run_once(args, work, f"fixed-{n}", f"count = {n}"))
+            rows.append(run_once(args, work, f"fixed-{n}", {"count": n}))
     under = [r for r in rows[1:] if r["wait_fast"] < args.target and r["wait_slow"] < args.target]
     smallest = under[0]["run"] if under else None
-    table = Table(
-        title=f"data tier: elastic vs fixed ({args.rate:g} images/s a server; steps at "
-        f"{args.fast_s:g} s, then {args.slow_s:g} s from step {args.switch_step})"
+    print_table(
+        f"data tier: elastic vs fixed ({args.rate:g} images/s a server; steps at "
+        f"{args.fast_s:g} s, then {args.slow_s:g} s from step {args.switch_step})",
+        ("run", "training s", "server-s", "wait fast", "wait slow", "USD"),
+        [
+            (
+                r["run"] + (" (smallest under target)" if r["run"] == smallest else ""),
+                f"{r['training_s']:.1f}",
+                f"{r['server_s']:.0f}",
+                f"{r['wait_fast']:.1%}",
+                f"{r['wait_slow']:.1%}",
+                f"{r['usd']:.5f}",
+            )
+            for r in rows
+        ],
+        left=1,
     )
-    for col in ("run", "training s", "server-s", "wait fast", "wait slow", "USD"):
-        table.add_column(col, justify="left" if col == "run" else "right")
-    for r in rows:
-        table.add_row(
-            r["run"] + (" (smallest under target)" if r["run"] == smallest else ""),
-            f"{r['training_s']:.1f}",
-            f"{r['server_s']:.0f}",
-            f"{r['wait_fast']:.1%}",
-            f"{r['wait_slow']:.1%}",
-            f"{r['usd']:.5f}",
-        )
-    Console().print(table)
     for d in rows[0]["decisions"]:
         print(f"  step {d['step']}: {d['from_count']} -> {d['to_count']}: {d['reason']}")
     result = {

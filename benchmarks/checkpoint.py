@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -35,6 +34,11 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.trainer_common import bench_spec, print_table, report, run_facts
+from training.common import aws
+from training.trainer.config import TrainerConfig
+from training.trainer.train import Trainer
 
 STOP_TARGET_S = 20.0
 STALL_TARGET_S = 1.0
@@ -50,8 +54,6 @@ def _free_port() -> int:
 def moto_s3() -> Iterator[str]:
     """A moto server in its own process on 127.0.0.1 with one bucket; yields ``s3://bucket``
     and points this process's boto3 at it."""
-    import boto3
-
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -71,7 +73,7 @@ def moto_s3() -> Iterator[str]:
         deadline = time.monotonic() + 60
         while True:
             try:
-                boto3.client("s3").create_bucket(Bucket=bucket)
+                aws.client().create_bucket(Bucket=bucket)
                 break
             except Exception:
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -103,14 +105,10 @@ def run_trainer(
     sigterm_at_step: int | None = None,
 ) -> dict[str, Any]:
     """One trainer run; with ``sigterm_at_step``, SIGTERM arrives during the step after it."""
-    from benchmarks.trainer_common import bench_spec
-    from training.trainer.config import TrainerConfig
-    from training.trainer.train import Trainer
-
     spec = bench_spec(
         model=args.model, image_size=args.image_size, batch_size=args.batch_size, steps=steps,
-        precision="fp32", log_every=1, checkpoint_dir=str(work / "checkpoints"),
-        checkpoint={"interval_steps": interval, "async_save": async_save, "keep": 2},
+        precision="fp32", log_every=1, checkpoint={"dir": str(work / "checkpoints"),
+        "interval_steps": interval, "async_save": async_save, "keep": 2},
     )  # fmt: skip
     config = TrainerConfig.from_spec(
         spec, run_dir=work / "run", synthetic=True, checkpoint_s3_uri=s3_uri
@@ -183,14 +181,7 @@ def stalls(args: argparse.Namespace, work: Path, async_save: bool) -> dict[str, 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    result: dict[str, Any] = {
-        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-        "threads": torch.get_num_threads(),
-    }
+    result = run_facts(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         stops = [stop_to_durable(args, work / "stop-local", None)]
@@ -226,35 +217,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks checkpoint")
     add_arguments(parser)
     args = parser.parse_args(argv)
     result = run(args)
     state_mb = result["stop_to_durable"][0]["state_mb"]
-    table = Table(title=f"checkpoints: {args.model}, {state_mb:.0f} MB of state")
-    table.add_column("measure")
-    table.add_column("seconds", justify="right")
-    table.add_column("target", justify="right")
-    for s in result["stop_to_durable"]:
-        table.add_row(
-            f"stop to durable, {s['target']}", f"{s['seconds']:.2f}", f"<= {STOP_TARGET_S:.0f}"
-        )
-    for m in result["stall_per_save"]:
-        target = f"<= {STALL_TARGET_S:.0f}" if m["mode"] == "async" else ""
-        table.add_row(
+    stops = [
+        (f"stop to durable, {s['target']}", f"{s['seconds']:.2f}", f"<= {STOP_TARGET_S:.0f}")
+        for s in result["stop_to_durable"]
+    ]
+    saves = [
+        (
             f"stall per save, {m['mode']} (median; max)",
             f"{m['stall_s_median']:.2f}; {m['stall_s_max']:.2f}",
-            target,
+            f"<= {STALL_TARGET_S:.0f}" if m["mode"] == "async" else "",
         )
-    Console().print(table)
-    path = write_result("checkpoint", result)
-    print(json.dumps({"meets_targets": result["meets_targets"]}), f"-> {path}")
-    return 0
+        for m in result["stall_per_save"]
+    ]
+    title = f"checkpoints: {args.model}, {state_mb:.0f} MB of state"
+    print_table(title, ("measure", "seconds", "target"), stops + saves, left=1)
+    return report("checkpoint", result, {"meets_targets": result["meets_targets"]})
 
 
 if __name__ == "__main__":

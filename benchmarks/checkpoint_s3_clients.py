@@ -26,7 +26,6 @@ endpoint from ``AWS_ENDPOINT_URL`` (plain HTTP works). Writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -37,6 +36,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checkpoint import moto_s3
+from benchmarks.trainer_common import print_table, report
+from training.common.aws import CONNECT_TIMEOUT_S, MAX_ATTEMPTS
+from training.trainer.checkpoint_s3 import MARKER, S3CheckpointStore
+from training.trainer.model import PRESETS
+
 REGION = "us-east-1"
 
 
@@ -46,8 +51,6 @@ def build_state(model_name: str, image_size: int) -> dict[str, Any]:
     import timm
     import torch
     from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    from training.trainer.model import PRESETS
 
     name, overrides = PRESETS.get(model_name, (model_name, {}))
     model = timm.create_model(name, img_size=image_size, num_classes=1000, **overrides)
@@ -67,8 +70,6 @@ def _patient_client() -> Any:
     import boto3
     from botocore.config import Config
 
-    from training.common.aws import CONNECT_TIMEOUT_S, MAX_ATTEMPTS
-
     config = Config(
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=120,
@@ -86,8 +87,6 @@ def _timed(fn: Callable[[], Any]) -> float:
 def compare(args: argparse.Namespace, bucket_uri: str, work: Path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
-
-    from training.trainer.checkpoint_s3 import MARKER, S3CheckpointStore
 
     state = build_state(args.model, args.image_size)
     state_bytes = sum(
@@ -179,8 +178,6 @@ def connector_comparison(
     """``compare(args, bucket_uri, work_dir)`` against a moto S3 server of its own, with the
     run's facts (config, load, the connector's version, the target); None, after saying how to
     install it (``pip install ... REQUIREMENT``), when s3torchconnector is missing."""
-    from benchmarks.checkpoint import moto_s3
-
     try:
         import s3torchconnector
     except ImportError:
@@ -212,11 +209,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks checkpoint_s3_clients")
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -225,21 +217,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = connector_comparison(args, "'s3torchconnector[dcp]'", compare)
     if result is None:
         return 2
-    table = Table(title=f"checkpoint S3 clients: {args.model}, {result['state_mb']:.0f} MB state")
-    for col in ("client", "save to marker s (median)", "MB/s", "load s (median)", "MB/s"):
-        table.add_column(col, justify="left" if col == "client" else "right")
-    for r in result["clients"]:
-        table.add_row(
-            r["client"],
-            f"{r['save_s_median']:.2f}",
-            f"{r['save_mb_per_s']:.0f}",
-            f"{r['load_s_median']:.2f}",
-            f"{r['load_mb_per_s']:.0f}",
-        )
-    Console().print(table)
-    path = write_result("checkpoint_s3_clients", result)
-    print(json.dumps({r["client"]: r["save_s_median"] for r in result["clients"]}), f"-> {path}")
-    return 0
+    print_table(
+        f"checkpoint S3 clients: {args.model}, {result['state_mb']:.0f} MB state",
+        ("client", "save to marker s (median)", "MB/s", "load s (median)", "MB/s"),
+        [
+            (
+                r["client"],
+                f"{r['save_s_median']:.2f}",
+                f"{r['save_mb_per_s']:.0f}",
+                f"{r['load_s_median']:.2f}",
+                f"{r['load_mb_per_s']:.0f}",
+            )
+            for r in result["clients"]
+        ],
+        left=1,
+    )
+    summary = {r["client"]: r["save_s_median"] for r in result["clients"]}
+    return report("checkpoint_s3_clients", result, summary)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.data import SyntheticImages, build_transform, decode_image
+from training.dataplane.client import DataPlaneClient
+from training.dataplane.server import create_server
+from training.dataplane.sources import PremadeBatchSource
+
 RESULTS = Path(__file__).resolve().parent / "results" / "dataplane.json"
 
 
@@ -55,9 +60,6 @@ def _machine() -> dict[str, Any]:
 
 
 def _serve_premade(batch: int, size: int, num_samples: int) -> int:
-    from training.dataplane.server import create_server
-    from training.dataplane.sources import PremadeBatchSource
-
     source = PremadeBatchSource(num_samples, image_size=size, max_batch=batch)
     server, port = create_server(source, port=0)
     print(f"port {port}", flush=True)
@@ -127,8 +129,6 @@ def measure_transport(
     """The real client receiving pre-made batches from one server process, in the planned
     order through its reorder window of ``prefetch`` batches, over ``streams`` concurrent
     streams (each its own TCP connection)."""
-    from training.dataplane.client import DataPlaneClient
-
     per_epoch = batch * chunk * 8
     server = _child(["--serve-premade", str(batch), str(size), str(per_epoch)])
     assert server.stdout is not None
@@ -183,8 +183,6 @@ def measure_local_augmentation(size: int, images: int) -> dict[str, Any]:
     """CPU-seconds per 1,000 images for the standard recipe on this host, from JPEG bytes of
     ImageNet's typical size (decode, RandomResizedCrop, flip: what the trainer host would do)."""
     import torch
-
-    from training.data import SyntheticImages, build_transform, decode_image
 
     torch.set_num_threads(1)
     source = SyntheticImages(images, 1000, size, source_size=BASELINE_SOURCE_PX)

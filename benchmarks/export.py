@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import multiprocessing
 import os
 import statistics
@@ -31,48 +30,33 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checkpoint import moto_s3
+from benchmarks.trainer_common import print_table, report, run_facts, spec_data, write_spec
+from training.common.steps import MARKER
+from training.spec import load_spec
+from training.trainer.checkpoint import Checkpointer
+from training.trainer.checkpoint_s3 import S3CheckpointStore
+from training.trainer.config import TrainerConfig
+from training.trainer.export import export_checkpoint
+from training.trainer.local_run import FORKSERVER_PRELOAD, free_port
+from training.trainer.model import build_model
+from training.trainer.parallel_dims import ParallelDims
+from training.trainer.parallelize import parallelize
+
 TARGET_S = 30.0
 REPO = Path(__file__).resolve().parents[1]
 
 
-SPEC = """name = "bench"
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 1
-processes_per_instance = {ranks}
-[job]
-batch_size = 1
-steps = 1
-precision = "fp32"
-[job.model]
-name = "{model}"
-[job.dataset]
-num_samples = 1048576
-num_classes = {num_classes}
-image_size = {image_size}
-[job.checkpoint]
-dir = "{checkpoints}"
-[job.parallelism]
-strategy = "{strategy}"
-"""
-
-
 def spec_file(args: argparse.Namespace, work: Path) -> Path:
     """The spec the checkpoint is written and exported with (``hetero export --spec`` too)."""
-    path = work / "spec.toml"
-    path.write_text(
-        SPEC.format(
-            ranks=args.ranks,
-            model=args.model,
-            num_classes=args.num_classes,
-            image_size=args.image_size,
-            checkpoints=work / "checkpoints",
-            strategy=args.strategy,
-        )
-    )
-    return path
+    data = spec_data(
+        model=args.model, image_size=args.image_size, batch_size=1, steps=1, precision="fp32",
+        trainer={"processes_per_instance": args.ranks},
+        dataset={"num_samples": 1 << 20, "num_classes": args.num_classes},
+        checkpoint={"dir": str(work / "checkpoints")},
+        job={"parallelism": {"strategy": args.strategy}},
+    )  # fmt: skip
+    return write_spec(work / "spec.toml", data)
 
 
 def _rank(rank: int, port: int, args: argparse.Namespace, work: Path) -> None:
@@ -81,13 +65,6 @@ def _rank(rank: int, port: int, args: argparse.Namespace, work: Path) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from training.spec import load_spec
-    from training.trainer.checkpoint import Checkpointer
-    from training.trainer.config import TrainerConfig
-    from training.trainer.model import build_model
-    from training.trainer.parallel_dims import ParallelDims
-    from training.trainer.parallelize import parallelize
 
     world = args.ranks
     dist.init_process_group(
@@ -127,8 +104,6 @@ def _rank(rank: int, port: int, args: argparse.Namespace, work: Path) -> None:
 def write_checkpoint(args: argparse.Namespace, work: Path) -> Path:
     import torch.multiprocessing as torch_mp
 
-    from training.trainer.local_run import FORKSERVER_PRELOAD, free_port
-
     multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     torch_mp.start_processes(
         _rank, args=(free_port(), args, work), nprocs=args.ranks, start_method="forkserver"
@@ -141,18 +116,7 @@ def _size(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    from training.spec import load_spec
-    from training.trainer.export import export_checkpoint
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    result: dict[str, Any] = {
-        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-        "threads": torch.get_num_threads(),
-        "load_average_at_start": os.getloadavg()[0],
-    }
+    result = run_facts(args) | {"load_average_at_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
         work = Path(tmp)
         spec_path = spec_file(args, work)
@@ -225,11 +189,6 @@ def _cli(spec_path: Path, work: Path) -> dict[str, Any]:
 
 def _s3(args: argparse.Namespace, work: Path, step: Path, spec: Any) -> dict[str, Any]:
     """Upload the checkpoint to a moto server, then export it from S3 to S3."""
-    from benchmarks.checkpoint import moto_s3
-    from training.common.steps import MARKER
-    from training.trainer.checkpoint_s3 import S3CheckpointStore
-    from training.trainer.export import export_checkpoint
-
     with moto_s3() as bucket:
         store = S3CheckpointStore(f"{bucket}/ckpt")
         store.upload_files(step, 1)
@@ -256,39 +215,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks export")
     add_arguments(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = run(args)
-    table = Table(
-        title=f"export: {args.model}, {result['parameters'] / 1e6:.1f}M parameters, "
-        f"{result['weights']} weights of a {result['checkpoint_mb']:.0f} MB checkpoint "
-        f"({args.ranks} {args.strategy} ranks)"
+    r, target = result, f"< {TARGET_S:.0f}"
+    rows = [
+        (
+            f"export_checkpoint, median of {args.repeats} (read; write)",
+            f"{r['seconds_median']:.2f} ({r['read_s_median']:.2f}; {r['write_s_median']:.2f})",
+            target,
+        ),
+        ("hetero export, a new process", f"{r['cli']['seconds']:.2f}", target),
+    ]
+    if "s3" in r:
+        rows.append(("S3 -> S3 (moto)", f"{r['s3']['seconds']:.2f}", ""))
+    title = (
+        f"export: {args.model}, {r['parameters'] / 1e6:.1f}M parameters, {r['weights']} weights "
+        f"of a {r['checkpoint_mb']:.0f} MB checkpoint ({args.ranks} {args.strategy} ranks)"
     )
-    table.add_column("measure")
-    table.add_column("seconds", justify="right")
-    table.add_column("target", justify="right")
-    table.add_row(
-        f"export_checkpoint, median of {args.repeats} (read; write)",
-        f"{result['seconds_median']:.2f} ({result['read_s_median']:.2f}; "
-        f"{result['write_s_median']:.2f})",
-        f"< {TARGET_S:.0f}",
-    )
-    table.add_row(
-        "hetero export, a new process", f"{result['cli']['seconds']:.2f}", f"< {TARGET_S:.0f}"
-    )
-    if "s3" in result:
-        table.add_row("S3 -> S3 (moto)", f"{result['s3']['seconds']:.2f}", "")
-    Console().print(table)
-    path = write_result("export", result)
-    print(json.dumps({"meets_target": result["meets_target"]}), f"-> {path}")
-    return 0
+    print_table(title, ("measure", "seconds", "target"), rows, left=1)
+    return report("export", result)
 
 
 if __name__ == "__main__":

@@ -31,54 +31,27 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.offload import trainer_summary
+from benchmarks.trainer_common import print_table, report, spec_data
+from benchmarks.trainer_common import write_spec as write_spec_file
+from training.dataplane.processes import start_server_process
+
 
 def write_spec(path: Path, args: argparse.Namespace, checkpoints: Path) -> Path:
-    """The spec both runs and the servers share; validated before any process starts."""
-    from training.spec import load_spec
-
+    """The spec both runs and the servers share."""
     samples = (args.warmup + args.steps + 4) * args.batch_size
-    overrides = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.overrides.items())
-    path.write_text(
-        f"""name = "bench-gpu-input"
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["p5.48xlarge"]
-count = 1
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = {args.servers}
-[job]
-batch_size = {args.batch_size}
-steps = {args.warmup + args.steps}
-precision = "bf16"
-log_every_steps = {args.warmup}
-augmentation = "standard"
-[job.model]
-name = "{args.model}"
-overrides = {{ {overrides} }}
-[job.dataset]
-source = "synthetic"
-num_samples = {samples}
-num_classes = 1000
-image_size = {args.image_size}
-[job.checkpoint]
-interval_steps = {1 << 30}
-dir = "{checkpoints}"
-[job.dataplane]
-workers_per_server = {args.workers}
-"""
-    )
-    load_spec(path)
-    return path
+    return write_spec_file(path, spec_data(
+        name="bench-gpu-input", model=args.model, overrides=args.overrides,
+        image_size=args.image_size, batch_size=args.batch_size, steps=args.warmup + args.steps,
+        log_every=args.warmup, trainer={"instance_types": ["p5.48xlarge"]},
+        dataprep={"count": args.servers},
+        dataset={"source": "synthetic", "num_samples": samples, "num_classes": 1000},
+        checkpoint={"dir": str(checkpoints)},
+        job={"augmentation": "standard", "dataplane": {"workers_per_server": args.workers}},
+    ))  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.offload import trainer_summary
-    from training.dataplane.processes import start_server_process
-
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -158,11 +131,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks gpu_input", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -172,23 +140,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "num_heads": 2}  # fmt: skip
         args.steps, args.warmup, args.servers, args.workers = 3, 1, 1, 1
     result = run(args)
-    table = Table(title=f"input path: {args.model} at {args.image_size} px, batch "
-                  f"{args.batch_size}, {args.device}")  # fmt: skip
-    for col in ("input", "images/s", "data-wait", "trainer process CPU ms/image", "GPU util"):
-        table.add_column(col, justify="right")
-    for label, row in (("A in memory", result["synthetic"]),
-                       (f"B {args.servers} servers, loopback gRPC", result["fed"])):  # fmt: skip
-        util = row["gpu_util_pct"]
-        table.add_row(
-            label, f"{row['samples_per_s']:,.0f}", f"{row['data_wait_share'] * 100:.1f}%",
-            f"{row['trainer_cpu_ms_per_image']:.3f}", "-" if util is None else f"{util:.0f}%",
-        )  # fmt: skip
-    Console().print(table)
+    rows = [
+        (
+            label,
+            f"{row['samples_per_s']:,.0f}",
+            f"{row['data_wait_share'] * 100:.1f}%",
+            f"{row['trainer_cpu_ms_per_image']:.3f}",
+            "-" if row["gpu_util_pct"] is None else f"{row['gpu_util_pct']:.0f}%",
+        )
+        for label, row in (
+            ("A in memory", result["synthetic"]),
+            (f"B {args.servers} servers, loopback gRPC", result["fed"]),
+        )
+    ]
+    print_table(
+        f"input path: {args.model} at {args.image_size} px, batch {args.batch_size}, {args.device}",
+        ("input", "images/s", "data-wait", "trainer process CPU ms/image", "GPU util"),
+        rows,
+    )
     print(f"B/A {result['fed_over_synthetic']:.3f}")
     name = "gpu_input" if args.device == "cuda" else "gpu_input_cpu_smoke"
-    path = write_result(name, result)
-    print(json.dumps({"fed_over_synthetic": result["fed_over_synthetic"]}), f"-> {path}")
-    return 0
+    return report(name, result, {"fed_over_synthetic": result["fed_over_synthetic"]})
 
 
 if __name__ == "__main__":

@@ -33,6 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.trainer_common import print_table, report, spec_data
+from benchmarks.trainer_common import write_spec as write_spec_file
+from training.data.augment import augment_samples
+from training.data.datasets import SyntheticImages
+from training.data.splits import build_dataset
+from training.data.transforms import build_transform
+from training.dataplane.processes import start_server_process
+from training.planner.bench import pinned, thread_environ
+from training.spec import load_spec
+
 log = logging.getLogger(__name__)
 
 TARGET = 1.8
@@ -71,22 +81,6 @@ class Settings:
     """Smoke mode: also skips the train-step-alone run."""
 
 
-def pinned(core: int) -> contextlib.AbstractContextManager[None]:
-    """Pin this process to ``core`` while children are started, so they (and their own
-    children: DataLoader workers, the forkserver and its workers) inherit the one-core mask."""
-    from training.planner.bench import pinned as pinned_to
-
-    return pinned_to([core])
-
-
-def one_thread_environ() -> contextlib.AbstractContextManager[None]:
-    """``child_env()``'s thread settings in ``os.environ`` while a child is started, then the
-    previous values back."""
-    from training.planner.bench import thread_environ
-
-    return thread_environ(1)
-
-
 def child_env() -> dict[str, str]:
     """One intra-op thread: the point is a host with one core per role."""
     return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -95,8 +89,6 @@ def child_env() -> dict[str, str]:
 def write_dataset(root: Path, num_images: int, num_classes: int, image_size: int) -> Path:
     """An ImageFolder of ``num_images`` JPEGs (the synthetic source's bytes, ~8/7 of the crop
     size), so both configurations read and decode real files."""
-    from training.data.datasets import SyntheticImages
-
     source = SyntheticImages(num_images, num_classes, image_size)
     for c in range(num_classes):
         (root / f"class{c:03d}").mkdir(parents=True, exist_ok=True)
@@ -106,47 +98,17 @@ def write_dataset(root: Path, num_images: int, num_classes: int, image_size: int
 
 
 def write_spec(path: Path, s: Settings, dataset: Path, checkpoints: Path) -> Path:
-    """The spec both configurations share; validated by ``load_spec`` before any run."""
-    from training.spec import load_spec
-
-    overrides = ", ".join(f"{k} = {json.dumps(v)}" for k, v in s.overrides.items())
-    path.write_text(
-        f"""name = "bench-offload"
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 1
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-[job]
-batch_size = {s.batch_size}
-steps = {s.warmup + s.steps}
-precision = "fp32"
-log_every_steps = {s.warmup}
-augmentation = "{s.recipe}"
-[job.model]
-name = "{s.model}"
-overrides = {{ {overrides} }}
-[job.dataset]
-source = "folder"
-path = "{dataset}"
-num_classes = {NUM_CLASSES}
-image_size = {s.image_size}
-[job.checkpoint]
-interval_steps = {1 << 30}
-dir = "{checkpoints}"
-[job.dataplane]
-prefetch_batches = 4
-chunk_batches = 2
-workers_per_server = 1
-"""
-    )
-    load_spec(path)
-    return path
+    """The spec both configurations share."""
+    return write_spec_file(path, spec_data(
+        name="bench-offload", model=s.model, overrides=s.overrides, image_size=s.image_size,
+        batch_size=s.batch_size, steps=s.warmup + s.steps, precision="fp32",
+        log_every=s.warmup, dataprep={"count": 1},
+        dataset={"source": "folder", "path": str(dataset), "num_classes": NUM_CLASSES},
+        checkpoint={"dir": str(checkpoints)},
+        job={"augmentation": s.recipe, "dataplane": {
+            "prefetch_batches": 4, "chunk_batches": 2, "workers_per_server": 1,
+        }},
+    ))  # fmt: skip
 
 
 def run_trainer(
@@ -173,7 +135,8 @@ def trainer_summary(
     # A checkpoint folder per run: a shared one would make the next run resume at the end.
     cmd += ["--checkpoint-dir", str(run_dir / "checkpoints"), "--log-level", "WARNING", *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with pinned(core) if core is not None else contextlib.nullcontext():
+    # Its children (DataLoader workers, the forkserver and its workers) inherit the mask.
+    with pinned([core]) if core is not None else contextlib.nullcontext():
         proc = subprocess.Popen(
             cmd, env=child_env() if env is None else env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -205,10 +168,8 @@ def trainer_summary(
 
 def run_offloaded(spec: Path, run_dir: Path, s: Settings) -> dict[str, Any]:
     """Configuration B: a data server on ``s.server_core``, the trainer fed by it."""
-    from training.dataplane.processes import start_server_process
-
     # start_server_process passes this process's environment on: set one thread for its start.
-    with pinned(s.server_core), one_thread_environ():
+    with pinned([s.server_core]), thread_environ(1):
         server = start_server_process(spec, workers=1, timeout_s=s.timeout_s)
     try:
         summary = run_trainer(spec, run_dir, s, ["--data-servers", server.address])
@@ -224,18 +185,13 @@ def augment_cost_s(spec: Path, s: Settings, batches: int) -> float:
     """CPU seconds to read, decode and augment one batch on one core, in this process."""
     import torch
 
-    from training.data.augment import augment_samples
-    from training.data.splits import build_dataset
-    from training.data.transforms import build_transform
-    from training.spec import load_spec
-
     job = load_spec(spec).job
     source = build_dataset(job.dataset)
     transform = build_transform(job.augmentation, job.dataset.image_size)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with pinned(s.trainer_core):
+        with pinned([s.trainer_core]):
             augment_samples(source, transform, range(s.batch_size), s.image_size)  # warm-up
             start = time.process_time()
             for b in range(batches):
@@ -369,11 +325,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks offload", description=__doc__)
     add_arguments(parser)
     try:
@@ -382,24 +333,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"offload benchmark: {e}", file=sys.stderr)
         return 2
     reg = result["regime"]
-    table = Table(title="offload speedup: trainer on one core, augmentation local vs offloaded")
-    for col in (
-        "configuration",
-        "samples/s",
-        "step ms",
-        "data-wait share",
-        "busy % (trainer/server core)",
-    ):
-        table.add_column(col, justify="right")
-    for name, row in (("A local DataLoader", result["local"]),
-                      ("B data server, other core", result["offloaded"])):  # fmt: skip
-        wait = row["data_wait_share"]
-        busy = " / ".join(f"{v:.0f}" for v in row["cpu_busy_pct"].values())
-        table.add_row(
-            name, f"{row['samples_per_s']:.1f}", f"{row['step_time_s'] * 1e3:.1f}",
-            "-" if wait is None else f"{wait:.2f}", busy,
-        )  # fmt: skip
-    Console().print(table)
+    rows = [
+        (
+            name,
+            f"{row['samples_per_s']:.1f}",
+            f"{row['step_time_s'] * 1e3:.1f}",
+            "-" if row["data_wait_share"] is None else f"{row['data_wait_share']:.2f}",
+            " / ".join(f"{v:.0f}" for v in row["cpu_busy_pct"].values()),
+        )
+        for name, row in (
+            ("A local DataLoader", result["local"]),
+            ("B data server, other core", result["offloaded"]),
+        )
+    ]
+    print_table(
+        "offload speedup: trainer on one core, augmentation local vs offloaded",
+        (
+            "configuration",
+            "samples/s",
+            "step ms",
+            "data-wait share",
+            "busy % (trainer/server core)",
+        ),
+        rows,
+    )
     aug_ms = reg["augment_batch_cpu_s"] * 1e3
     if reg["train_step_s"] is None:
         print(f"regime: augmentation {aug_ms:.1f} CPU-ms/batch (train step alone: not run)")
@@ -410,9 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(f"load average before/after: {result['load_average_before'][0]:.2f} / "
           f"{result['load_average_after'][0]:.2f}")  # fmt: skip
-    path = write_result("offload", result)
-    print(json.dumps({k: result[k] for k in ("speedup", "meets_target")}), f"-> {path}")
-    return 0
+    return report("offload", result, {k: result[k] for k in ("speedup", "meets_target")})
 
 
 if __name__ == "__main__":

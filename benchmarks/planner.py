@@ -27,7 +27,6 @@ Target: every prediction within 15 % of its run. Prints a table and writes
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -36,7 +35,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.offload import BenchmarkError, one_thread_environ, pinned, trainer_summary
+from benchmarks.offload import BenchmarkError, trainer_summary
+from benchmarks.trainer_common import DEFAULT_RESULTS, print_table, report, spec_data
+from benchmarks.trainer_common import write_spec as write_spec_file
+from training.dataplane.processes import ServerProcess, start_server_process
+from training.planner.bench import (
+    common_fields,
+    cpu_model,
+    dataprep_record,
+    measure_dataprep,
+    measure_trainer,
+    merge,
+    pinned,
+    thread_environ,
+    trainer_record,
+)
+from training.planner.local import LocalTopology, predict_local
+from training.planner.results import load_measured
+from training.planner.workload import workload_from_spec
+from training.spec import load_spec
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +68,7 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 # Ranges of 8 batches, 16 ahead: few RPC boundaries, at which one stream's server would idle.
-DATAPLANE = "prefetch_batches = 16\nchunk_batches = 8\nworkers_per_server = 1"
+DATAPLANE = {"prefetch_batches": 16, "chunk_batches": 8, "workers_per_server": 1}
 
 
 @dataclass(frozen=True)
@@ -72,55 +89,25 @@ CONFIGS = (
 
 def write_spec(path: Path, model: str, recipe: str, steps: int, warmup: int) -> Path:
     """A synthetic-data spec (JPEG bytes decoded per sample by the servers), one epoch long."""
-    from training.spec import load_spec
-
-    overrides = ", ".join(f"{k} = {v}" for k, v in MODELS[model].items())
-    path.write_text(
-        f"""name = "bench-planner"
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 1
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-[job]
-batch_size = {BATCH}
-steps = {warmup + steps}
-precision = "fp32"
-log_every_steps = {warmup}
-augmentation = "{recipe}"
-[job.model]
-name = "vit_tiny_patch16_224"
-overrides = {{ img_size = {IMAGE_SIZE}, num_classes = 10, {overrides} }}
-[job.dataset]
-source = "synthetic"
-num_samples = {(warmup + steps + 4) * BATCH}
-num_classes = 10
-image_size = {IMAGE_SIZE}
-[job.checkpoint]
-interval_steps = {1 << 30}
-dir = "{path.parent / "checkpoints"}"
-[job.dataplane]
-{DATAPLANE}
-"""
-    )
-    load_spec(path)
-    return path
+    return write_spec_file(path, spec_data(
+        name="bench-planner", model="vit_tiny_patch16_224",
+        overrides={"img_size": IMAGE_SIZE, "num_classes": 10, **MODELS[model]},
+        image_size=IMAGE_SIZE, batch_size=BATCH, steps=warmup + steps, precision="fp32",
+        log_every=warmup, dataprep={"count": 1},
+        dataset={"source": "synthetic", "num_samples": (warmup + steps + 4) * BATCH,
+                 "num_classes": 10},
+        checkpoint={"dir": str(path.parent / "checkpoints")},
+        job={"augmentation": recipe, "dataplane": DATAPLANE},
+    ))  # fmt: skip
 
 
 def run_fed(
     spec: Path, run_dir: Path, servers: int, trainer_core: int, server_core: int, timeout_s: float
 ) -> dict[str, Any]:
     """``servers`` data servers on ``server_core`` feeding the trainer on ``trainer_core``."""
-    from training.dataplane.processes import ServerProcess, start_server_process
-
     started: list[ServerProcess] = []
     try:
-        with pinned(server_core), one_thread_environ():
+        with pinned([server_core]), thread_environ(1):
             for _ in range(servers):
                 started.append(start_server_process(spec, workers=1, timeout_s=timeout_s))
         addresses = ",".join(s.address for s in started)
@@ -134,20 +121,6 @@ def run_fed(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from training.planner.bench import (
-        common_fields,
-        cpu_model,
-        dataprep_record,
-        measure_dataprep,
-        measure_trainer,
-        merge,
-        trainer_record,
-    )
-    from training.planner.local import LocalTopology, predict_local
-    from training.planner.results import load_measured
-    from training.planner.workload import workload_from_spec
-    from training.spec import load_spec
-
     store = Path(args.store)
     configs = [c for c in CONFIGS if not args.only or c.name in args.only]
     if not configs:
@@ -245,11 +218,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import DEFAULT_RESULTS, write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks planner", description=__doc__)
     parser.add_argument("--trainer-core", type=int, default=0)
     parser.add_argument("--server-core", type=int, default=1)
@@ -270,24 +238,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as e:
         print(f"planner benchmark: {e}", file=sys.stderr)
         return 2
-    table = Table(title="planner: predicted vs measured samples/s (trainer core / server core)")
-    for col in ("config", "model", "recipe", "servers", "predicted", "bound", "measured", "error"):
-        table.add_column(col, justify="right")
-    for r in result["rows"]:
-        table.add_row(
-            r["config"],
-            r["model"],
-            r["recipe"],
-            str(r["servers"]),
-            f"{r['predicted_samples_per_s']:.1f}",
-            r["bound"],
-            f"{r['measured_samples_per_s']:.1f}",
-            f"{r['error']:+.1%}",
-        )
-    Console().print(table)
-    path = write_result("planner", result)
-    print(json.dumps({"meets_target": result["meets_target"]}), f"-> {path}")
-    return 0
+    print_table(
+        "planner: predicted vs measured samples/s (trainer core / server core)",
+        ("config", "model", "recipe", "servers", "predicted", "bound", "measured", "error"),
+        [
+            (
+                r["config"],
+                r["model"],
+                r["recipe"],
+                str(r["servers"]),
+                f"{r['predicted_samples_per_s']:.1f}",
+                r["bound"],
+                f"{r['measured_samples_per_s']:.1f}",
+                f"{r['error']:+.1%}",
+            )
+            for r in result["rows"]
+        ],
+    )
+    return report("planner", result)
 
 
 if __name__ == "__main__":

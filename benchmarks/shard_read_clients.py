@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +35,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from benchmarks.checkpoint_s3_clients import connector_comparison
+from benchmarks.trainer_common import print_table, report
 from training.common import aws
+from training.data.manifest import file_sha256
 
 REGION = "us-east-1"
 READ_BYTES = 8 * 2**20
@@ -45,11 +47,10 @@ CLIENTS = ("boto3", "s3torchconnector")
 
 def put_shards(bucket_uri: str, count: int, shard_mb: int) -> dict[str, str]:
     """``count`` objects of ``shard_mb`` MB of seeded random bytes; {key: sha256}."""
-    import boto3
     import numpy as np
 
     bucket = urlparse(bucket_uri).netloc
-    client = boto3.client("s3")
+    client = aws.client()
     rng = np.random.default_rng(0)
     shards = {}
     for i in range(count):
@@ -61,8 +62,6 @@ def put_shards(bucket_uri: str, count: int, shard_mb: int) -> dict[str, str]:
 
 
 def _sha256(path: Path) -> str:
-    from training.data.manifest import file_sha256
-
     return file_sha256(path)
 
 
@@ -137,12 +136,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.checkpoint_s3_clients import connector_comparison
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks shard_read_clients")
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -155,17 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is None:
         return 2
     rows = result["clients"]
-    table = Table(
-        title=f"shard reads: {args.shards} x {args.shard_mb} MB, {args.concurrency} at once"
+    print_table(
+        f"shard reads: {args.shards} x {args.shard_mb} MB, {args.concurrency} at once",
+        ("client", "seconds (median)", "MB/s"),
+        [(r["client"], f"{r['seconds_median']:.2f}", f"{r['mb_per_s']:.0f}") for r in rows],
+        left=1,
     )
-    for col in ("client", "seconds (median)", "MB/s"):
-        table.add_column(col, justify="left" if col == "client" else "right")
-    for r in rows:
-        table.add_row(r["client"], f"{r['seconds_median']:.2f}", f"{r['mb_per_s']:.0f}")
-    Console().print(table)
-    path = write_result("shard_read_clients", result)
-    print(json.dumps({r["client"]: r["mb_per_s"] for r in rows}), f"-> {path}")
-    return 0
+    return report("shard_read_clients", result, {r["client"]: r["mb_per_s"] for r in rows})
 
 
 if __name__ == "__main__":

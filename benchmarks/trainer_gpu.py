@@ -37,6 +37,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.trainer_common import bench_spec, print_table, report, trainer_run, write_result
+from benchmarks.trainer_overhead import RECIPES, bare_loop
+from training.data import Batch
+from training.planner.bench import TrainerFigure, common_fields, gpu_model, merge, trainer_record
+from training.planner.results import THROUGHPUT_FILE, read_throughput
+from training.trainer.config import ModelConfig, TrainerConfig
+from training.trainer.evaluate import evaluate
+from training.trainer.metrics import peak_flops
+from training.trainer.model import build_model, training_flops_per_sample
+from training.trainer.stream import to_device
+
 FLOPS_PER_IMAGE_224 = 105e9
 TARGET_H100 = 3000.0
 TARGET_RATIO = 0.95
@@ -52,13 +63,10 @@ MEMORY_HEADROOM = 0.88
 
 
 def _spec(args: argparse.Namespace, batch_size: int, compile: bool) -> Any:
-    from benchmarks.trainer_common import bench_spec
-    from benchmarks.trainer_overhead import RECIPES
-
     return bench_spec(
         model=args.model, image_size=args.image_size, batch_size=batch_size,
-        steps=args.warmup + args.steps, precision=args.precision, compile=compile,
-        log_every=args.warmup, job=RECIPES["off"],
+        steps=args.warmup + args.steps, precision=args.precision, log_every=args.warmup,
+        job={**RECIPES["off"], "compile": compile},
     )  # fmt: skip
 
 
@@ -80,8 +88,6 @@ def _peak() -> int | None:
 def trainer_figures(spec: Any, work: Path) -> dict[str, Any]:
     """One run of the Trainer on in-memory synthetic batches: its steady-state figures and
     its peak GPU memory from the model's construction on."""
-    from benchmarks.trainer_common import trainer_run
-
     _peak_reset()
     s = trainer_run(spec, work)
     memory = (s.get("memory_per_rank") or [{}])[0]
@@ -103,12 +109,6 @@ def eval_rate(spec: Any, batches: int) -> float:
     gradients, bf16 autocast on a GPU) over ``batches`` in-memory batches, after one batch of
     warm-up."""
     import torch
-
-    from training.data import Batch
-    from training.trainer.config import TrainerConfig
-    from training.trainer.evaluate import evaluate
-    from training.trainer.model import build_model
-    from training.trainer.stream import to_device
 
     config = TrainerConfig.from_spec(spec, run_dir=".", synthetic=True)
     cuda = torch.cuda.is_available()
@@ -137,8 +137,6 @@ def eval_rate(spec: Any, batches: int) -> float:
 def measure_one(args: argparse.Namespace) -> dict[str, Any]:
     """``args.rounds`` interleaved rounds of the bare loop and the Trainer at one batch size
     and compile setting (raises torch.OutOfMemoryError when the batch does not fit)."""
-    from benchmarks.trainer_overhead import bare_loop
-
     compile = args.compile == "on"
     spec = _spec(args, args.batch_size, compile)
     rounds: list[dict[str, Any]] = []
@@ -271,8 +269,6 @@ def run(
     result so far after each configuration (a run cut short keeps what it measured)."""
     import torch
 
-    from training.trainer.metrics import peak_flops
-
     cuda = torch.cuda.is_available() and args.device == "cuda"
     name = torch.cuda.get_device_name(0) if cuda else "cpu"
     total = torch.cuda.get_device_properties(0).total_memory if cuda else 0
@@ -280,9 +276,6 @@ def run(
     if (args.model, args.image_size) == ("vit_base_patch16_224", 224):
         flops = FLOPS_PER_IMAGE_224
     else:  # Another model or size: count it.
-        from training.trainer.config import ModelConfig
-        from training.trainer.model import training_flops_per_sample
-
         flops = training_flops_per_sample(ModelConfig(args.model, {}, args.image_size, 1000))
     configs: list[dict[str, Any]] = []
 
@@ -333,13 +326,6 @@ def run(
 
 def store_entry(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """The planner's results-store entry for the default configuration's measured rate."""
-    from training.planner.bench import (
-        TrainerFigure,
-        common_fields,
-        gpu_model,
-        trainer_record,
-    )
-
     default = result["configurations"][0]
     spec = _spec(args, default["batch_size"], default["compile"])
     figure = TrainerFigure(
@@ -359,9 +345,6 @@ def store_entry(result: dict[str, Any], args: argparse.Namespace) -> dict[str, A
 def store_default(result: dict[str, Any], args: argparse.Namespace, results: Path) -> Path:
     """Merge the default configuration's entry into the results store beside ``results``
     (written as soon as it is measured: a run cut short keeps it)."""
-    from training.planner.bench import merge
-    from training.planner.results import THROUGHPUT_FILE, read_throughput
-
     store = results / THROUGHPUT_FILE
     merge(store, [store_entry(result, args)], [])
     read_throughput(store)  # What was written reads back.
@@ -400,11 +383,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # Before torch initialises CUDA.
     if args.one:
         return child_main(args)
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     name = "trainer_gpu" if args.device == "cuda" else "trainer_gpu_cpu_smoke"
     stored: list[Path] = []
 
@@ -414,20 +392,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             stored.append(store_default(partial, args, path.parent))
 
     result = run(args, save=save)
-    table = Table(title=f"{args.model} {args.precision} on {result['device']}: our Trainer "
-                  "against a bare timm + torch loop")  # fmt: skip
-    for col in ("batch", "compile", "trainer images/s", "bare images/s", "ratio", "MFU",
-                "peak memory", "step"):  # fmt: skip
-        table.add_column(col, justify="right")
-    for c in result["configurations"]:
-        mfu = c["mfu"]
-        table.add_row(
-            str(c["batch_size"]), "on" if c["compile"] else "off",
-            f"{c['trainer_samples_per_s']:,.0f}", f"{c['bare_samples_per_s']:,.0f}",
-            f"{c['ratio']:.3f}", "-" if mfu is None else f"{mfu * 100:.1f}%",
-            _gib(c["trainer_peak_bytes"]), f"{c['step_time_s'] * 1e3:.0f} ms",
-        )  # fmt: skip
-    Console().print(table)
+    print_table(
+        f"{args.model} {args.precision} on {result['device']}: our Trainer against a bare "
+        "timm + torch loop",
+        ("batch", "compile", "trainer images/s", "bare images/s", "ratio", "MFU", "peak memory",
+         "step"),
+        [
+            (
+                str(c["batch_size"]), "on" if c["compile"] else "off",
+                f"{c['trainer_samples_per_s']:,.0f}", f"{c['bare_samples_per_s']:,.0f}",
+                f"{c['ratio']:.3f}", "-" if c["mfu"] is None else f"{c['mfu'] * 100:.1f}%",
+                _gib(c["trainer_peak_bytes"]), f"{c['step_time_s'] * 1e3:.0f} ms",
+            )
+            for c in result["configurations"]
+        ],
+    )  # fmt: skip
     evaluated = result["configurations"][0].get("eval_images_per_s")
     if evaluated:
         print(f"validation (eval mode, no gradients): {evaluated:,.0f} images/s at batch "
@@ -436,12 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if pageable:
         print(f"bare loop from pageable memory: {pageable:,.0f} images/s (pinned: "
               f"{result['configurations'][0]['bare_samples_per_s']:,.0f})")  # fmt: skip
-    path = write_result(name, result)
     if stored:
         print(f"-> {stored[0]}")
-    print(json.dumps({k: result[k] for k in ("samples_per_s", "mfu", "ratio", "batch_size")}),
-          f"-> {path}")  # fmt: skip
-    return 0
+    keys = ("samples_per_s", "mfu", "ratio", "batch_size")
+    return report(name, result, {k: result[k] for k in keys})
 
 
 if __name__ == "__main__":

@@ -16,16 +16,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.trainer_common import print_table, report, spec_data, write_spec
+from training.trainer.local_run import run_local
+
 STATE_KEYS = ("param_bytes", "grad_bytes", "optimizer_bytes")
 
 
 def run_strategy(args: argparse.Namespace, strategy: str, work: Path) -> list[dict[str, int]]:
     """Train a few steps on 4 local ranks; the per-rank memory report."""
-    from training.trainer.local_run import run_local
-
     # The ranks load the spec from a file, as under torchrun.
-    path = work / f"{strategy}.toml"
-    path.write_text(_to_toml(args, strategy))
+    path = write_spec(work / f"{strategy}.toml", _spec(args, strategy, work))
     argv = ["--spec", str(path), "--run-dir", str(work / strategy), "--synthetic-data",
             "--checkpoint-dir", str(work / f"{strategy}-ckpt")]  # fmt: skip
     codes = run_local(argv, 4, env={"OMP_NUM_THREADS": "1"}, timeout=args.timeout)
@@ -35,34 +35,17 @@ def run_strategy(args: argparse.Namespace, strategy: str, work: Path) -> list[di
     return list(summary["memory_per_rank"])
 
 
-def _to_toml(args: argparse.Namespace, strategy: str) -> str:
+def _spec(args: argparse.Namespace, strategy: str, work: Path) -> dict[str, Any]:
     """The spec the ranks load: 2 instances x 2 ranks, so HSDP's 2x2 mesh is the topology's."""
-    par = "shard_degree = 2\nreplicate_degree = 2\n" if strategy == "hsdp" else ""
-    overrides = ", ".join(f"{k} = {v}" for k, v in json.loads(args.overrides).items())
-    return f"""name = "bench-memory"
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 2
-processes_per_instance = 2
-[job]
-batch_size = {args.batch_size}
-steps = {args.steps}
-precision = "fp32"
-log_every_steps = 1
-[job.model]
-name = "{args.model}"
-overrides = {{ {overrides} }}
-[job.dataset]
-num_samples = 4096
-num_classes = 100
-image_size = {args.image_size}
-[job.checkpoint]
-interval_steps = 1000000
-[job.parallelism]
-strategy = "{strategy}"
-{par}"""
+    par = {"shard_degree": 2, "replicate_degree": 2} if strategy == "hsdp" else {}
+    return spec_data(
+        name="bench-memory", model=args.model, overrides=json.loads(args.overrides),
+        image_size=args.image_size, batch_size=args.batch_size, steps=args.steps,
+        precision="fp32", log_every=1, trainer={"count": 2, "processes_per_instance": 2},
+        dataset={"num_samples": 4096, "num_classes": 100},
+        checkpoint={"interval_steps": 1000000, "dir": str(work / f"{strategy}-ckpt")},
+        job={"parallelism": {"strategy": strategy, **par}},
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -98,31 +81,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks trainer_memory")
     add_arguments(parser)
     result = run(parser.parse_args(argv))
-    table = Table(title=f"memory per rank, 4 CPU processes ({result['config']['model']})")
-    cols = ("strategy", "params MiB", "grads MiB", "optimizer MiB", "state MiB", "peak RSS MiB")
-    for col in cols:
-        table.add_column(col, justify="right")
     mib = 2**20
-    for s in ("ddp", "hsdp"):
-        r = result[s]["per_rank"][0]
-        table.add_row(
-            s, *(f"{r[k] / mib:.1f}" for k in STATE_KEYS),
+    rows = [
+        (
+            s,
+            *(f"{result[s]['per_rank'][0][k] / mib:.1f}" for k in STATE_KEYS),
             f"{result[s]['state_bytes_mean'] / mib:.1f}",
             f"{result[s]['peak_rss_bytes_mean'] / mib:.0f}",
-        )  # fmt: skip
-    Console().print(table)
-    path = write_result("trainer_memory", result)
+        )
+        for s in ("ddp", "hsdp")
+    ]
+    print_table(
+        f"memory per rank, 4 CPU processes ({result['config']['model']})",
+        ("strategy", "params MiB", "grads MiB", "optimizer MiB", "state MiB", "peak RSS MiB"),
+        rows,
+    )
     keys = ("state_ratio_hsdp_over_ddp", "rss_ratio_hsdp_over_ddp")
-    print(json.dumps({k: result[k] for k in keys}), f"-> {path}")
-    return 0
+    return report("trainer_memory", result, {k: result[k] for k in keys})
 
 
 if __name__ == "__main__":

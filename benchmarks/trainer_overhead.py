@@ -10,13 +10,16 @@ benchmarks trainer_overhead [--recipe on]`` (``on``: the cost of the full recipe
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.trainer_common import bench_spec, print_table, report, trainer_run
+from training.trainer.config import TrainerConfig
+from training.trainer.model import build_model
 
 TARGET = 0.97
 # ``--recipe off``: the plain loop's work only (constant learning rate, no clipping, no device-side
@@ -44,9 +47,6 @@ def bare_loop(spec: Any, steps: int, warmup: int, *, pinned: bool = False) -> fl
     import timm.data
     import torch
     import torch.nn.functional as F
-
-    from training.trainer.config import TrainerConfig
-    from training.trainer.model import build_model
 
     config = TrainerConfig.from_spec(spec, run_dir=".", synthetic=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -82,22 +82,18 @@ def bare_loop(spec: Any, steps: int, warmup: int, *, pinned: bool = False) -> fl
 
 def trainer_loop(spec: Any, steps: int, warmup: int, work: Path) -> float:
     """samples/s of our Trainer (steady state: its first ``warmup``-step interval left out)."""
-    from benchmarks.trainer_common import trainer_run
-
     return float(trainer_run(spec, work, steps=warmup + steps)["samples_per_s"])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from benchmarks.trainer_common import bench_spec
-
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = bench_spec(
         model=args.model, image_size=args.image_size, batch_size=args.batch_size,
-        steps=args.steps, precision=args.precision, compile=args.compile,
-        log_every=args.warmup, job=RECIPES[args.recipe],
+        steps=args.steps, precision=args.precision, log_every=args.warmup,
+        job={**RECIPES[args.recipe], "compile": args.compile},
     )  # fmt: skip
     rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,26 +136,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from benchmarks.trainer_common import write_result
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks trainer_overhead")
     add_arguments(parser)
     result = run(parser.parse_args(argv))
-    table = Table(title=f"trainer loop overhead ({result['device']})")
-    for col in ("round", "bare samples/s", "trainer samples/s", "ratio"):
-        table.add_column(col, justify="right")
-    for i, r in enumerate(result["rounds"], 1):
-        table.add_row(str(i), f"{r['bare']:.1f}", f"{r['trainer']:.1f}", f"{r['ratio']:.3f}")
+    rows = [
+        (str(i), f"{r['bare']:.1f}", f"{r['trainer']:.1f}", f"{r['ratio']:.3f}")
+        for i, r in enumerate(result["rounds"], 1)
+    ]
     bare, ours = result["bare_samples_per_s"], result["trainer_samples_per_s"]
-    table.add_row("median", f"{bare:.1f}", f"{ours:.1f}", f"{result['ratio_median']:.3f}")
-    Console().print(table)
+    rows.append(("median", f"{bare:.1f}", f"{ours:.1f}", f"{result['ratio_median']:.3f}"))
+    columns = ("round", "bare samples/s", "trainer samples/s", "ratio")
+    print_table(f"trainer loop overhead ({result['device']})", columns, rows)
     name = "trainer_overhead" if result["config"]["recipe"] == "off" else "trainer_overhead_recipe"
-    path = write_result(name, result)
-    print(json.dumps({k: result[k] for k in ("ratio_median", "meets_target")}), f"-> {path}")
-    return 0
+    return report(name, result, {k: result[k] for k in ("ratio_median", "meets_target")})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from training.spec import SpecError
 
-# name -> (module, one-line help). Modules expose add_arguments(parser) and run(args) -> int.
+# name -> (module, one-line help).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "spec": ("training.spec_cli", "validate a cluster spec and show what it describes"),
     "serve": ("training.dataplane.serve_cli", "run a data server (gRPC preprocessing service)"),
@@ -65,7 +65,6 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module_name)
-        # Only the chosen subcommand's module is imported (the others may load torch).
         if name == chosen:
             importlib.import_module(module_name).add_arguments(p)
     return parser

@@ -161,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        clients = {name: aws.client(name) for name in ("cloudformation", "s3", "sagemaker")}
         return submit(
             spec_path=args.spec,
             stack_name=args.stack_name,
@@ -170,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
             max_wait_s=args.max_wait,
             volume_size_gb=args.volume_size_gb,
             dry_run=args.dry_run,
-            cloudformation=clients["cloudformation"],
-            s3=clients["s3"],
-            sagemaker=clients["sagemaker"],
+            cloudformation=aws.client("cloudformation"),
+            s3=aws.client("s3"),
+            sagemaker=aws.client("sagemaker"),
         )
     except SubmitError as e:
         print(f"hetero sagemaker submit: {e}", file=sys.stderr)

@@ -6,8 +6,11 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
+from botocore.stub import Stubber
 
 from training.spec import ClusterSpec, load_spec
 
@@ -53,6 +56,19 @@ count = 1
 [job]
 steps = 10
 """
+
+
+def stubbed(service: str) -> Iterator[tuple[Any, Stubber]]:
+    """A ``service`` client (fake credentials) under a Stubber whose answers must all be used."""
+    client = boto3.client(
+        service,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    with Stubber(client) as stub:
+        yield client, stub
+        stub.assert_no_pending_responses()
 
 
 class FakeImds:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import Stubber
 
@@ -25,7 +24,7 @@ from training.common.outcome import EXIT_FAILED
 from training.launcher import early_exit, launch
 from training.launcher.peers import EXIT_PEERS
 
-from .conftest import FakeImds, one_of_each
+from .conftest import FakeImds, one_of_each, stubbed
 
 INSTANCE = "i-0123456789abcdef0"
 GROUPS = ["vit-trainer", "vit-dataprep"]
@@ -34,15 +33,7 @@ UNHEALTHY = {"InstanceId": INSTANCE, "HealthStatus": "Unhealthy", "ShouldRespect
 
 @pytest.fixture
 def autoscaling() -> Iterator[tuple[Any, Stubber]]:
-    client = boto3.client(
-        "autoscaling",
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    with Stubber(client) as stub:
-        yield client, stub
-        stub.assert_no_pending_responses()
+    yield from stubbed("autoscaling")
 
 
 def leave(client: Any, record: JobRecord | None, **kw: Any) -> int:

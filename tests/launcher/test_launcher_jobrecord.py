@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
@@ -24,6 +23,8 @@ from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome
 from training.common.s3 import read_object
 
+from .conftest import stubbed
+
 BUCKET = "hetero-checkpoints"
 URI = f"s3://{BUCKET}/checkpoints/j-20260101T000000Z-abcd/"
 OUTCOME_KEY = "checkpoints/j-20260101T000000Z-abcd/job/outcome.json"
@@ -31,15 +32,7 @@ OUTCOME_KEY = "checkpoints/j-20260101T000000Z-abcd/job/outcome.json"
 
 @pytest.fixture
 def s3() -> Iterator[tuple[Any, Stubber]]:
-    client = boto3.client(
-        "s3",
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    with Stubber(client) as stub:
-        yield client, stub
-        stub.assert_no_pending_responses()
+    yield from stubbed("s3")
 
 
 def expect_get_denied(stub: Stubber, key: str = OUTCOME_KEY) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import Stubber
 
 from training.common.names import LIFECYCLE_HOOK_NAME
 from training.launcher.job_end import complete_lifecycle_action, complete_own_termination
+
+from .conftest import stubbed
 
 INSTANCE = "i-0123456789abcdef0"
 GROUP = "vit-trainer"
@@ -29,15 +30,7 @@ COMPLETE = {
 
 @pytest.fixture
 def autoscaling() -> Iterator[tuple[Any, Stubber]]:
-    client = boto3.client(
-        "autoscaling",
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    with Stubber(client) as stub:
-        yield client, stub
-        stub.assert_no_pending_responses()
+    yield from stubbed("autoscaling")
 
 
 def expect_state(stub: Stubber, state: str | None) -> None:

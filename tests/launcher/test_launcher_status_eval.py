@@ -1,5 +1,5 @@
 """Validation in ``hetero status``: the trainer's ``MetricsLogger`` writes its last validation
-record to ``last_eval.json``; the EC2 launcher's heartbeat (``run_metrics.last_metrics``) puts it
+record to ``last_eval.json``; the EC2 launcher's heartbeat (``ec2_watches.last_metrics``) puts it
 under ``"eval"`` beside the last interval record into the job record, and ``status.render``
 shows the last top-1 (the EMA's too) and the accuracy targets reached in the host's row. Also the
 data tier in ``hetero status``: an elastic group's desired count with its min-max, and the
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from training.common.jobrecord import JobRecord
-from training.launcher.run_metrics import last_metrics
+from training.launcher.ec2_watches import last_metrics
 from training.launcher.status import JobStatus, collect, decision_text, render, validation_text
 from training.spec import load_spec
 from training.trainer.metrics import EvalResult, EvalScores, Interval, MetricsLogger, RunFacts

@@ -159,7 +159,7 @@ def test_bench_measures_the_shard_reads_and_the_plan_uses_them(
     # Stored like hetero bench stores it, then read back by the planner.
     from training.planner.bench import DataprepFigure
 
-    figure = DataprepFigure(300.0, 6000.0, 280.0, 100, 1.0, 0.1, 0.4)
+    figure = DataprepFigure(300.0, 6000.0, 280.0, 100)
     common = {"instance_type": "c6i.4xlarge", "date": "2026-11-25", "image_size": 224,
               "source": "hetero bench --spec cluster.toml"}  # fmt: skip
     record = dataprep_record(spec, figure, [1], common, reads)

@@ -251,10 +251,9 @@ def test_aws_errors_fall_back_to_offline_data_with_a_note(
     ]
 
 
-def test_the_pricing_client_uses_the_us_east_1_price_list_endpoint() -> None:
-    session = boto3.Session(
-        aws_access_key_id="AKIDTEST", aws_secret_access_key="secret", region_name="eu-west-1"
-    )
-    assert (
-        pricing_client(session).meta.endpoint_url == "https://api.pricing.us-east-1.amazonaws.com"
-    )
+def test_the_pricing_client_uses_the_us_east_1_price_list_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert pricing_client().meta.endpoint_url == "https://api.pricing.us-east-1.amazonaws.com"

@@ -31,7 +31,7 @@ def test_a_folder_without_its_marker_is_ignored(tmp_path: Path, caplog) -> None:
     make_step(tmp_path, 12, complete=False)  # A save cut off half-way.
     (tmp_path / "step-14.partial").mkdir()  # Never renamed into place.
     with caplog.at_level(logging.WARNING):
-        assert latest_complete(tmp_path) == tmp_path / "step-10"
+        assert latest_complete(tmp_path) == (10, tmp_path / "step-10")
     assert "step-12" in caplog.text and MARKER in caplog.text
     assert [s for s, _ in step_dirs(tmp_path)] == [2, 10, 12]
 

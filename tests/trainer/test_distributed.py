@@ -116,8 +116,9 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits_stopped(tmp_path: Path) 
     assert ended.returncode == EXIT_STOPPED, ended.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM" and summary["outcome"] == "stopped"
-    newest = latest_complete(tmp_path / "checkpoints")
-    assert newest is not None and newest.name == f"step-{summary['steps']}"
+    found = latest_complete(tmp_path / "checkpoints")
+    assert found is not None and found[0] == summary["steps"]
+    newest = found[1]
     [outcome] = read_rank_outcomes(tmp_path / "outcome")
     assert (outcome.outcome, outcome.reason) == (Outcome.STOPPED, "SIGTERM")
     assert outcome.step == outcome.checkpoint_step == summary["steps"]

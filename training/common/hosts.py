@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from training.common.names import TAG_CLUSTER, TAG_GROUP
@@ -45,26 +45,33 @@ def _ip_key(instance: Mapping[str, Any]) -> tuple[int, str]:
         return (0, instance.get("InstanceId", ""))
 
 
+def cluster_instances(ec2: Any, cluster: str, *filters: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every instance tagged ``hetero:cluster=cluster`` that DescribeInstances lists for
+    ``filters`` too, all pages."""
+    cluster_filter = {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=[cluster_filter, *filters])
+    for page in pages:
+        for reservation in page.get("Reservations", []):
+            yield from reservation.get("Instances", [])
+
+
+def tag(instance: Mapping[str, Any], key: str) -> str | None:
+    """The value of the instance's tag ``key`` (None: no such tag)."""
+    return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == key), None)
+
+
 def list_cluster_instances(ec2: Any, cluster: str) -> dict[str, list[dict[str, Any]]]:
     """Running instances tagged ``hetero:cluster=cluster``, grouped by ``hetero:group`` and sorted
     by private IP (then instance id) so that every host derives the same order."""
-    paginator = ec2.get_paginator("describe_instances")
-    pages = paginator.paginate(
-        Filters=[
-            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]},
-            {"Name": "instance-state-name", "Values": ["running"]},
-        ]
-    )
     grouped: dict[str, list[dict[str, Any]]] = {}
-    for page in pages:
-        for reservation in page.get("Reservations", []):
-            for inst in reservation.get("Instances", []):
-                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                group = tags.get(TAG_GROUP)
-                if group is None:
-                    log.warning("instance %s has no %s tag; ignored", inst["InstanceId"], TAG_GROUP)
-                    continue
-                grouped.setdefault(group, []).append(inst)
+    for inst in cluster_instances(
+        ec2, cluster, {"Name": "instance-state-name", "Values": ["running"]}
+    ):
+        group = tag(inst, TAG_GROUP)
+        if group is None:
+            log.warning("instance %s has no %s tag; ignored", inst["InstanceId"], TAG_GROUP)
+            continue
+        grouped.setdefault(group, []).append(inst)
     for instances in grouped.values():
         instances.sort(key=_ip_key)
     return grouped

@@ -112,12 +112,8 @@ class JobRecord:
 
     def leaving(self) -> set[str]:
         """Instance ids that said they are leaving."""
-        out = set()
-        for key in self._store.names(PREFIX + "leaving/"):
-            name = key.rsplit("/", 1)[-1]
-            if name.endswith(".json"):
-                out.add(name[: -len(".json")])
-        return out
+        names = (k.rsplit("/", 1)[-1] for k in self._store.names(PREFIX + "leaving/"))
+        return {n.removesuffix(".json") for n in names if n.endswith(".json")}
 
     def mark_replaced(self, instance_id: str, *, group: str | None, reason: str) -> None:
         """This instance could not start the launcher's job loop and leaves its group
@@ -159,12 +155,8 @@ class JobRecord:
             millis, _, step = name[len(DECISIONS) :].removesuffix(".json").partition("-")
             if name.endswith(".json") and millis.isdigit() and step.isdigit():
                 found.append(((int(millis), int(step)), name))
-        out = []
-        for _, name in sorted(found)[-limit:]:
-            value = self._get_json(name)
-            if value is not None:
-                out.append(value)
-        return out
+        values = (self._get_json(name) for _, name in sorted(found)[-limit:])
+        return [v for v in values if v is not None]
 
     def hosts(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}

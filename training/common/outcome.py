@@ -17,12 +17,13 @@ failed).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
+
+from training.common.files import write_atomically
 
 EXIT_FINISHED = 0
 EXIT_FAILED = 1
@@ -62,12 +63,9 @@ class RankOutcome:
 
 def write_rank_outcome(folder: Path, outcome: RankOutcome) -> Path:
     """Write ``rank-<RANK>.json`` atomically (a reader never sees half a file)."""
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank-{outcome.rank}.json"
-    tmp = path.with_suffix(".json.tmp")
     body = {**asdict(outcome), "outcome": outcome.outcome.value, "time": time.time()}
-    tmp.write_text(json.dumps(body))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(body))
     return path
 
 

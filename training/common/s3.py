@@ -103,9 +103,5 @@ def read_object(client: Any, bucket: str, key: str) -> bytes | None:
 def list_keys(client: Any, bucket: str, prefix: str, *, delimiter: str | None = None) -> list[str]:
     """Every key under ``prefix`` (with ``delimiter='/'``: only those not in a sub-prefix)."""
     kwargs = {"Delimiter": delimiter} if delimiter else {}
-    keys: list[str] = []
-    for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=prefix, **kwargs
-    ):
-        keys.extend(o["Key"] for o in page.get("Contents", []))
-    return keys
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **kwargs)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]

@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 
+from training.dataplane.processes import ServerProcess, start_server_process
 from training.spec import load_spec
 
 
@@ -31,9 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print("--servers must be at least 1 and --seconds positive", file=sys.stderr)
         return 2
     spec = load_spec(args.spec)
-    # Deferred: torch and gRPC load only once the arguments are good.
-    from training.dataplane.client import DataPlaneClient
-    from training.dataplane.processes import ServerProcess, start_server_process
+    from training.dataplane.client import DataPlaneClient  # Deferred: torch, gRPC after arg checks.
 
     job, dp = spec.job, spec.job.dataplane
     servers: list[ServerProcess] = []

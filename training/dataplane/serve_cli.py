@@ -75,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
         except argparse.ArgumentTypeError as e:
             print(f"{ENV_MAX_IMAGES_PER_S} {e}", file=sys.stderr)
             return 2
-    # Deferred: torch and gRPC load only when a server is really started.
-    from training.dataplane.server import serve
+    from training.dataplane.server import serve  # Deferred: torch and gRPC after arg checks.
 
     def announce(port: int) -> None:
         # Parents (hetero demo, tests, the launcher) read this line to learn the port.

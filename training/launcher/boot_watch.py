@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from training.common.hosts import cluster_instances, tag
 from training.common.jobrecord import JobRecord
-from training.common.names import TAG_CLUSTER, TAG_GROUP
+from training.common.names import TAG_GROUP
 from training.launcher.early_exit import past_budget
 
 log = logging.getLogger(__name__)
@@ -57,23 +58,19 @@ class FailedBoot:
 def failed_boots(ec2: Any, cluster: str, *, since: float) -> list[FailedBoot]:
     """The cluster's instances shut down from their own OS, launched at ``since`` or later,
     oldest first."""
-    found: list[FailedBoot] = []
-    pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[
-            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]},
-            {"Name": "state-reason-code", "Values": [INSTANCE_INITIATED_SHUTDOWN]},
-            {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]},
-        ]
+    ended = cluster_instances(
+        ec2,
+        cluster,
+        {"Name": "state-reason-code", "Values": [INSTANCE_INITIATED_SHUTDOWN]},
+        {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]},
     )
-    for page in pages:
-        for reservation in page.get("Reservations", []):
-            for inst in reservation.get("Instances", []):
-                launched = inst["LaunchTime"].timestamp()
-                if launched < since:
-                    continue
-                tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                found.append(FailedBoot(inst["InstanceId"], tags.get(TAG_GROUP), launched))
-    return sorted(found, key=lambda b: (b.launched, b.instance_id))
+    found = [
+        FailedBoot(inst["InstanceId"], tag(inst, TAG_GROUP), inst["LaunchTime"].timestamp())
+        for inst in ended
+    ]
+    return sorted(
+        (b for b in found if b.launched >= since), key=lambda b: (b.launched, b.instance_id)
+    )
 
 
 class BootWatch:

@@ -49,11 +49,10 @@ class Budget:
     def of(cls, spec: ClusterSpec, pointer: JobPointer | None = None) -> Budget:
         """The spec's caps, each replaced by the job pointer's (``JobPointer.max_usd`` /
         ``max_hours``, set by ``hetero job start``) where the pointer has one."""
-        max_hours = pointer.max_hours if pointer is not None else None
-        max_usd = pointer.max_usd if pointer is not None else None
+        hours, usd = (pointer.max_hours, pointer.max_usd) if pointer else (None, None)
         return cls(
-            spec.job.max_hours if max_hours is None else max_hours,
-            spec.job.max_usd if max_usd is None else max_usd,
+            spec.job.max_hours if hours is None else hours,
+            spec.job.max_usd if usd is None else usd,
             spec.usd_per_hour(),
         )
 

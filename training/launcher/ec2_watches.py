@@ -7,13 +7,15 @@
 - The job pointer (with a ``jobparam.JobWatch``): a newer job stops the role.
 - The heartbeat, while a generation runs: this host's state and the trainer's last metrics into
   the job record, then the watches that end the job as failed (``boot_watch``,
-  ``trainer_watch``).
+  ``trainer_watch``); ``last_metrics`` reads the trainer's last metrics in its run folder for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -21,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from training.common.jobparam import JobWatch
+from training.common.names import LAST_EVAL_FILE
 from training.launcher.boot_watch import BootWatch
 from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.rank_signals import Signals
-from training.launcher.run_metrics import last_metrics
 from training.launcher.spot import SpotNotice, SpotWatcher
 from training.launcher.trainer_watch import NoTrainerWatch
 from training.spec import ClusterSpec, InstanceGroup, Role
@@ -185,3 +187,32 @@ class Ec2Watches:
         self.ended = reason
         self.signals.stop(signal.SIGTERM, reason)
         return True
+
+
+def last_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """The trainer's last interval record in ``metrics.jsonl`` (rank 0's host only) with, under
+    ``"eval"``, its last validation record (``last_eval.json``: top-1, top-5, loss, the EMA's,
+    ``targets_reached``), or None when there is neither."""
+    value: dict[str, Any] | None = None
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):  # Validation records have their own file: skip them here.
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the tail's first line, cut
+        if isinstance(record, dict) and record.get("kind") != "eval":
+            value = record
+            break
+    try:
+        last_eval = json.loads((run_dir / LAST_EVAL_FILE).read_text())
+    except (OSError, ValueError):
+        last_eval = None
+    if isinstance(last_eval, dict):
+        value = {**(value or {}), "eval": last_eval}
+    return value

@@ -61,6 +61,10 @@ NCCL_NETWORK_LOG: Mapping[str, str] = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS"
 EFA_ENV: Mapping[str, str] = {"FI_PROVIDER": "efa"}
 
 _EFA_PROVIDER_LINE = re.compile(r"^\s*provider:\s*efa\s*$", re.MULTILINE)
+_REBUILD = (
+    "the image was not built from containers/Dockerfile (its EFA installer step); rebuild and "
+    "push it (`cdk deploy` builds containers/Dockerfile)"
+)
 
 
 class EfaUnavailable(Exception):
@@ -94,12 +98,8 @@ class EfaProbe:
     def missing(self) -> list[str]:
         """What keeps EFA from NCCL, root causes first, each with its fix."""
         problems: list[str] = []
-        rebuild = (
-            "the image was not built from containers/Dockerfile (its EFA installer step); "
-            "rebuild and push it (`cdk deploy` builds containers/Dockerfile)"
-        )
         if self.fi_info is None:
-            problems.append(f"the EFA provider: no fi_info in {EFA_BIN} or on PATH: {rebuild}")
+            problems.append(f"the EFA provider: no fi_info in {EFA_BIN} or on PATH: {_REBUILD}")
         if self.plugin_problem is not None:
             problems.append(f"the aws-ofi-nccl plugin: {self.plugin_problem}")
         if not self.devices:
@@ -267,10 +267,7 @@ def _plugin_problem(plugin_dir: Path) -> str | None:
     """What is wrong with the plugin files, and the fix; None when both are there."""
     plugin = plugin_dir / PLUGIN_LIBRARY
     if not plugin.exists():
-        return (
-            f"{plugin} is missing: the image was not built from containers/Dockerfile (its EFA "
-            "installer step); rebuild and push it (`cdk deploy` builds containers/Dockerfile)"
-        )
+        return f"{plugin} is missing: {_REBUILD}"
     runtime = plugin_dir / PLUGIN_CUDA_RUNTIME
     if not runtime.exists():  # exists() follows the link: a dangling link counts as missing
         target = f" (links to {os.readlink(runtime)})" if runtime.is_symlink() else ""

@@ -37,9 +37,7 @@ class GroupIdentity:
     """This host's instance group and what the source that named it also told us."""
 
     group: str
-    """Instance group name, as in the spec."""
     source: GroupSource
-    """Where the name came from."""
     host: str | None = None
     """SageMaker: ``current_host`` (e.g. ``algo-2``); EC2: the private IPv4 address."""
     instance_id: str | None = None

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_ASG_NAMES
 from training.common.outcome import Outcome
@@ -101,7 +103,10 @@ def complete_lifecycle_action(
             LifecycleActionResult="CONTINUE",
         )
     except Exception as e:  # The hook's heartbeat timeout still lets the termination proceed.
-        if _error_code(e) == "ValidationError":
+        if (
+            isinstance(e, ClientError)
+            and e.response.get("Error", {}).get("Code") == "ValidationError"
+        ):
             log.info(
                 "no pending lifecycle action %s for %s (already completed, or none): %s",
                 hook_name, instance_id, e,
@@ -179,12 +184,3 @@ def complete_own_termination(
             )  # fmt: skip
             return False
         sleep(min(poll_s, max(0.0, deadline - clock())))
-
-
-def _error_code(e: Exception) -> str | None:
-    """A botocore ClientError's code (``response["Error"]["Code"]``), else None."""
-    response = getattr(e, "response", None)
-    if isinstance(response, dict):
-        code = response.get("Error", {}).get("Code")
-        return str(code) if code is not None else None
-    return None

@@ -48,7 +48,7 @@ from training.common.jobparam import (
     read_job_pointer,
 )
 from training.common.names import asg_name, job_parameter_name
-from training.common.s3 import parse_s3_uri, s3_uri
+from training.common.s3 import list_keys, parse_s3_uri, s3_uri
 from training.spec import ClusterSpec, InstanceGroup, load_spec
 
 log = logging.getLogger(__name__)
@@ -168,9 +168,7 @@ def archive_job_record(s3: Any, checkpoint_uri: str, job_id: str) -> tuple[str, 
     bucket, prefix = _split_s3(checkpoint_uri)
     source = prefix + RECORD_PREFIX
     target = f"{prefix}{HISTORY_PREFIX}{job_id}/"
-    keys: list[str] = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=source):
-        keys.extend(o["Key"] for o in page.get("Contents", []))
+    keys = list_keys(s3, bucket, source)
     moved = []
     for key in keys:
         new_key = target + key[len(source) :]

@@ -181,9 +181,7 @@ def run_local(
         starter = ServerStarter(spec, spec_path, logs, sup)
         tier: LocalDataTier | None = None
         try:
-            servers = _start_data_servers(
-                spec, spec_path, logs, sup, server_start_timeout_s, starter
-            )
+            servers = _start_data_servers(spec, server_start_timeout_s, starter)
         except LocalRunError as e:
             log.error("%s", e)
             _print_server_logs(logs)
@@ -214,7 +212,6 @@ def run_local(
             summary.exit_code = exit_code_for_signal(sup.stop_signal)
         elif summary.trainer_exit_code is not None:
             summary.exit_code = summary.trainer_exit_code
-            early = set(summary.data_servers_stopped_before_serving)
             failed = {
                 a: c
                 for a, c in summary.data_servers.items()
@@ -252,12 +249,7 @@ class ServerStarter:
 
 
 def _start_data_servers(
-    spec: ClusterSpec,
-    spec_path: str | Path,
-    logs: Path,
-    sup: Supervisor,
-    timeout_s: float,
-    start: ServerStarter,
+    spec: ClusterSpec, timeout_s: float, start: ServerStarter
 ) -> list[tuple[str, Child]]:
     """Start every data server at once (start-up is mostly imports: overlapping them saves
     that time per server), then wait for each to be healthy; a server that exits before it
@@ -270,11 +262,11 @@ def _start_data_servers(
     servers: list[tuple[str, Child]] = []
     for i, (address, child) in enumerate(pending):
         for attempt in range(1, _PORT_ATTEMPTS + 1):
-            if wait_healthy(address, child, timeout_s, sup):
+            if wait_healthy(address, child, timeout_s, start.sup):
                 log.info("data server %d of %d healthy at %s", i + 1, count, address)
                 servers.append((address, child))
                 break
-            if sup.stop_signal is not None:
+            if start.sup.stop_signal is not None:
                 return servers
             log.warning(
                 "data server %d exited with code %s at %s (attempt %d of %d)",
@@ -289,7 +281,7 @@ def _start_data_servers(
         else:
             raise LocalRunError(
                 f"data server {i} failed to start {_PORT_ATTEMPTS} times; see "
-                f"{logs / f'data-server-{i}.log'}"
+                f"{start.logs / f'data-server-{i}.log'}"
             )
     return servers
 

@@ -12,10 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from training.common.hosts import (
-    LOOPBACK,
-    sagemaker_hosts,
-)
+from training.common.hosts import LOOPBACK, sagemaker_hosts
 from training.dataplane.discovery import data_server_addresses, loopback_servers
 from training.spec import ClusterSpec
 
@@ -93,7 +90,3 @@ def sagemaker_peers(spec: ClusterSpec, resourceconfig: Mapping[str, Any]) -> Pee
         data_servers=data_server_addresses(spec, groups),
         self_index=groups[own_group].index(current),
     )
-
-
-# --------------------------------------------------------------------------------------------
-# EC2: DescribeInstances by the cluster's tags.

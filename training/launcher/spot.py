@@ -75,21 +75,14 @@ class SpotWatcher(threading.Thread):
         *,
         interval_s: float = 5.0,
         on_rebalance: Callable[[SpotNotice], None] | None = None,
-        watch_rebalance: bool = True,
-        watch_lifecycle: bool = True,
     ) -> None:
         super().__init__(name="spot-watcher", daemon=True)
         self._imds = imds
         self._on_notice = on_notice
         self._on_rebalance = on_rebalance
         self._interval_s = interval_s
-        self._watch_rebalance = watch_rebalance
-        self._watch_lifecycle = watch_lifecycle
         self._rebalance_seen = False
         self._stopped = threading.Event()
-        self.notice: SpotNotice | None = None
-        """The stopping notice, once seen."""
-        self.rebalance: SpotNotice | None = None
 
     def stop(self) -> None:
         self._stopped.set()
@@ -107,11 +100,10 @@ class SpotWatcher(threading.Thread):
         body = self._get(INSTANCE_ACTION_PATH)
         if body:
             return SpotNotice(INSTANCE_ACTION, body)
-        if self._watch_lifecycle:
-            state = self._get(TARGET_LIFECYCLE_PATH)
-            if state and state.strip() == "Terminated":
-                return SpotNotice(ASG_TERMINATION, state.strip())
-        if self._watch_rebalance and not self._rebalance_seen:
+        state = self._get(TARGET_LIFECYCLE_PATH)
+        if state and state.strip() == "Terminated":
+            return SpotNotice(ASG_TERMINATION, state.strip())
+        if not self._rebalance_seen:
             body = self._get(REBALANCE_PATH)
             if body:
                 return SpotNotice(REBALANCE, body)
@@ -122,11 +114,9 @@ class SpotWatcher(threading.Thread):
             notice = self.check_once()
             if notice is not None and not notice.stops and self._on_rebalance is not None:
                 self._rebalance_seen = True
-                self.rebalance = notice
                 log.warning("%s: taking a checkpoint now", notice.describe())
                 self._on_rebalance(notice)
             elif notice is not None:
-                self.notice = notice
                 log.warning("%s: stopping the role so it can checkpoint", notice.describe())
                 self._on_notice(notice)
                 return

@@ -34,6 +34,7 @@ from training.common.names import ENV_CHECKPOINT_URI, asg_name, job_parameter_na
 from training.common.s3 import is_s3_uri, parse_s3_uri, s3_uri
 from training.launcher.budget import Budget, parse_started
 from training.spec import ClusterSpec, load_spec
+from training.trainer.checkpoint_s3 import S3CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,6 @@ def collect(
             status.errors.append(f"data-tier decisions in {checkpoint_uri}: {e}")
         if is_s3_uri(checkpoint_uri):
             try:
-                from training.trainer.checkpoint_s3 import S3CheckpointStore
-
                 store = S3CheckpointStore(checkpoint_uri, client=s3)
                 step = store.latest_complete()
                 status.newest_checkpoint = store.step_uri(step) if step is not None else None

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO, Any
 
 import psutil
@@ -120,12 +120,7 @@ class Supervisor:
     def __enter__(self) -> Supervisor:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.shutdown(self.grace_s)
         finally:

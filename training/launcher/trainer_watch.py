@@ -34,15 +34,13 @@ def newest_trainer_write(
     hosts: dict[str, dict[str, Any]], trainer_groups: Collection[str]
 ) -> tuple[float | None, str | None]:
     """The newest ``time`` written by a host of ``trainer_groups``, and that host's id."""
-    newest: float | None = None
-    who: str | None = None
-    for instance_id, state in hosts.items():
-        t = state.get("time")
-        if state.get("group") not in trainer_groups or not isinstance(t, int | float):
-            continue
-        if newest is None or t > newest:
-            newest, who = float(t), instance_id
-    return newest, who
+    writes = [
+        (float(state["time"]), instance_id)
+        for instance_id, state in hosts.items()
+        if state.get("group") in trainer_groups and isinstance(state.get("time"), int | float)
+    ]
+    newest = max(writes, key=lambda w: w[0], default=None)  # the first of equals
+    return newest if newest is not None else (None, None)
 
 
 class NoTrainerWatch:

@@ -47,10 +47,23 @@ from typing import Any
 
 from training.common.files import write_atomically
 from training.common.s3 import is_s3_uri
+from training.data.shard_source import ShardImages
 from training.data.transforms import encode_recipe
+from training.dataplane.client import DataPlaneClient
+from training.dataplane.processes import start_server_process
+from training.launcher.imds import ImdsClient, ImdsError, endpoint_from_env
+from training.planner import priors
 from training.planner.errors import PlanError
-from training.planner.results import RESULTS_DIR, THROUGHPUT_FILE, THROUGHPUT_FORMAT
+from training.planner.results import (
+    RESULTS_DIR,
+    THROUGHPUT_FILE,
+    THROUGHPUT_FORMAT,
+    read_throughput,
+)
+from training.planner.workload import workload_from_spec
 from training.spec import ClusterSpec, DatasetSource, load_spec
+from training.trainer.config import TrainerConfig
+from training.trainer.train import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +88,6 @@ class DataprepFigure:
     images_per_s_per_server: float
     """Delivered (wall clock) to one otherwise idle client: the server's pipeline limit."""
     images: int
-    server_cpu_s: float
-    client_cpu_s: float
-    wall_s: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,8 +176,6 @@ def cpu_model() -> str:
 def gpu_model(name: str) -> str:
     """torch's device name as the planner's GPU table names it (``NVIDIA A10G`` -> ``A10G``,
     ``NVIDIA H100 80GB HBM3`` -> ``H100``), so a result keys the same GPU on other types."""
-    from training.planner import priors
-
     for model in sorted(priors.GPU_PEAKS, key=len, reverse=True):
         if model.lower() in name.lower():
             return model
@@ -212,9 +220,6 @@ def measure_trainer(
 ) -> TrainerFigure:
     """The real Trainer on synthetic batches, in this process, pinned to ``cores``."""
     import torch
-
-    from training.trainer.config import TrainerConfig
-    from training.trainer.train import Trainer
 
     cuda = torch.cuda.is_available()
     threads = torch.get_num_threads()
@@ -271,9 +276,6 @@ def measure_dataprep(
     """One data server on ``cores`` streaming to a client here (on ``client_cores``: where the
     trainer would run), with the spec's reorder window, range size and streams; CPU per image
     on each side, after a warm-up that fills the window."""
-    from training.dataplane.client import DataPlaneClient
-    from training.dataplane.processes import start_server_process
-
     job = spec.job
     dp = job.dataplane
     warmup = dp.prefetch_batches + 4
@@ -330,9 +332,6 @@ def measure_dataprep(
         receive_images_per_s_per_vcpu=images / client_cpu,
         images_per_s_per_server=images / wall,
         images=images,
-        server_cpu_s=server_cpu,
-        client_cpu_s=client_cpu,
-        wall_s=wall,
     )
 
 
@@ -357,8 +356,6 @@ def measure_shard_reads(
     dataset is not prepared shards in S3."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from training.data.shard_source import ShardImages
-
     dataset = spec.job.dataset
     if dataset.source is not DatasetSource.SHARDS or not is_s3_uri(dataset.path or ""):
         return None
@@ -380,8 +377,6 @@ def measure_shard_reads(
 def planned_params(spec: ClusterSpec) -> int | None:
     """The parameter count the planner computes for the spec's model (what it matches results
     on), or None for a model it cannot size."""
-    from training.planner.workload import workload_from_spec
-
     try:
         return workload_from_spec(spec).params
     except PlanError:
@@ -392,7 +387,6 @@ def instance_type_from(arg: str | None) -> str | None:
     """``--instance-type``: the type given, the one IMDS reports for ``imds``, or None."""
     if arg != "imds":
         return arg
-    from training.launcher.imds import ImdsClient, ImdsError, endpoint_from_env
 
     try:
         found = ImdsClient(endpoint_from_env(os.environ)).get("/latest/meta-data/instance-type")
@@ -489,8 +483,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from training.planner.results import read_throughput
-
     for flag, value in (
         ("--steps", args.steps),
         ("--warmup", args.warmup),

@@ -24,7 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from training.common.aws import client
 from training.common.s3 import is_s3_uri
+from training.data.manifest import load_manifest
+from training.planner import report, specfile
 from training.planner.candidates import Candidate, candidates, check_region
 from training.planner.errors import PlanError
 from training.planner.evaluate import DataprepPolicy, Plan, rank, spot_score_groups
@@ -99,9 +102,9 @@ def known_regions() -> set[str]:
     }
 
 
-def pricing_client(session: Any) -> Any:
+def pricing_client() -> Any:
     """The Price List API client (its endpoint in us-east-1 serves every region's prices)."""
-    return session.client("pricing", region_name=PRICING_REGION)
+    return client("pricing", region=PRICING_REGION)
 
 
 def dataprep_policy(spec: ClusterSpec, facts: Facts) -> DataprepPolicy:
@@ -167,7 +170,6 @@ def read_prepared_dataset(
             "its reads from S3 are left out"
         )
         return None
-    from training.data.manifest import load_manifest  # deferred: the data package imports torch
 
     try:
         manifest, _, _ = load_manifest(dataset.path, expected_sha256=dataset.manifest_sha256)
@@ -260,8 +262,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from training.planner import report, specfile
-
     if args.samples is not None and args.samples < 1:
         raise PlanError(f"--samples must be at least 1, got {args.samples}")
     target = accuracy_target(args)
@@ -272,7 +272,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.offline:
         region = region or DEFAULT_REGION
     else:
-        import boto3
+        import boto3  # Deferred: only to resolve the configured region and credentials.
 
         session = boto3.Session(region_name=region)
         region = region or session.region_name or DEFAULT_REGION
@@ -282,8 +282,8 @@ def _run(args: argparse.Namespace) -> int:
                 "credentials for live ones, or pass --offline)"
             )
         else:
-            ec2 = session.client("ec2", region_name=region)
-            pricing = pricing_client(session)
+            ec2 = client("ec2", region=region)
+            pricing = pricing_client()
     check_region(region, known_regions())
     dataset_read = read_prepared_dataset(spec, offline=args.offline or ec2 is None, notes=notes)
     plan = make_plan(

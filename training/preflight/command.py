@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from training.common.aws import client
 from training.preflight.account import (
     check_ami_parameters,
     check_cdk_bootstrap,
@@ -23,9 +24,6 @@ from training.preflight.zones import (
 )
 from training.spec import ClusterSpec, load_spec
 
-# --------------------------------------------------------------------------------------------
-# All of it.
-
 
 @dataclass(frozen=True)
 class Clients:
@@ -36,14 +34,14 @@ class Clients:
     sts: Any
 
 
-def build_clients(session: Any) -> Clients:
-    """Clients of one boto3 session (each honours ``AWS_ENDPOINT_URL`` as boto3 does)."""
+def build_clients(region: str) -> Clients:
+    """The clients for ``region`` (each honours ``AWS_ENDPOINT_URL`` as boto3 does)."""
     return Clients(
-        ec2=session.client("ec2"),
-        service_quotas=session.client("service-quotas"),
-        ssm=session.client("ssm"),
-        cloudformation=session.client("cloudformation"),
-        sts=session.client("sts"),
+        ec2=client("ec2", region=region),
+        service_quotas=client("service-quotas", region=region),
+        ssm=client("ssm", region=region),
+        cloudformation=client("cloudformation", region=region),
+        sts=client("sts", region=region),
     )
 
 
@@ -82,10 +80,6 @@ def run_checks(spec: ClusterSpec, clients: Clients, region: str) -> list[Check]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------
-# The command.
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", default="cluster.toml", help="cluster spec (TOML)")
     parser.add_argument(
@@ -118,11 +112,10 @@ def render(rows: Iterable[Check]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import boto3  # deferred: see render
+    import boto3  # Deferred, as is rich in render: only to resolve the configured region.
 
     spec = load_spec(args.spec)
-    session = boto3.Session(region_name=args.region)
-    region = session.region_name
+    region = boto3.Session(region_name=args.region).region_name
     if not region:
         rows = [
             Check(
@@ -133,6 +126,6 @@ def run(args: argparse.Namespace) -> int:
             )
         ]
     else:
-        rows = run_checks(spec, build_clients(session), region)
+        rows = run_checks(spec, build_clients(region), region)
     render(rows)
     return 1 if any(r.status is Status.FAIL for r in rows) else 0

@@ -173,12 +173,11 @@ class AwsEmulator:
             VpcId=vpc, CidrBlock=SUBNET_CIDR, AvailabilityZone=f"{self.region}a"
         )["Subnet"]["SubnetId"]
         bucket = f"{spec.name}-checkpoints"
-        if self.region == "us-east-1":
-            s3.create_bucket(Bucket=bucket)
-        else:
-            s3.create_bucket(
-                Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": self.region}
-            )
+        location = {"LocationConstraint": self.region}
+        s3.create_bucket(
+            Bucket=bucket,
+            **({} if self.region == "us-east-1" else {"CreateBucketConfiguration": location}),
+        )
         names: dict[str, str] = {}
         for group in spec.groups:
             name = asg_name(spec.name, group.name)
@@ -240,25 +239,25 @@ class AwsEmulator:
 
     def instances(self, cluster: str) -> list[EmulatedInstance]:
         """Every instance tagged with ``cluster`` (any state), in launch order."""
-        ec2 = self.client("ec2")
-        found: list[EmulatedInstance] = []
-        pages = ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
+        pages = (
+            self.client("ec2")
+            .get_paginator("describe_instances")
+            .paginate(Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}])
         )
-        for page in pages:
-            for reservation in page.get("Reservations", []):
-                for inst in reservation.get("Instances", []):
-                    tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                    found.append(
-                        EmulatedInstance(
-                            instance_id=inst["InstanceId"],
-                            state=inst["State"]["Name"],
-                            private_ip=inst.get("PrivateIpAddress", ""),
-                            group=tags.get(TAG_GROUP, ""),
-                            role=tags.get(TAG_ROLE, ""),
-                            launch_time=inst["LaunchTime"].timestamp(),
-                        )
-                    )
+        reservations = [r for page in pages for r in page.get("Reservations", [])]
+        found = []
+        for inst in (i for r in reservations for i in r.get("Instances", [])):
+            tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+            found.append(
+                EmulatedInstance(
+                    instance_id=inst["InstanceId"],
+                    state=inst["State"]["Name"],
+                    private_ip=inst.get("PrivateIpAddress", ""),
+                    group=tags.get(TAG_GROUP, ""),
+                    role=tags.get(TAG_ROLE, ""),
+                    launch_time=inst["LaunchTime"].timestamp(),
+                )
+            )
         return sorted(found, key=lambda i: (i.launch_time, _ip_key(i.private_ip)))
 
     def desired_capacities(self, names: ClusterNames) -> dict[str, int]:
@@ -316,19 +315,18 @@ class AwsEmulator:
         """Auto Scaling's part of ``SetInstanceHealth``: an InService instance marked Unhealthy
         is terminated and replaced (moto records the health status and does nothing more).
         Returns the instances terminated."""
-        autoscaling = self.client("autoscaling")
         groups = set(names.asg_names.values())
-        replaced: list[str] = []
-        pages = autoscaling.get_paginator("describe_auto_scaling_instances").paginate()
-        for page in pages:
-            for inst in page.get("AutoScalingInstances", []):
-                if (
-                    inst["AutoScalingGroupName"] in groups
-                    and inst["HealthStatus"].upper() == "UNHEALTHY"
-                    and inst["LifecycleState"] == "InService"
-                ):
-                    self.terminate_in_group(inst["InstanceId"], decrement=False)
-                    replaced.append(inst["InstanceId"])
+        paginator = self.client("autoscaling").get_paginator("describe_auto_scaling_instances")
+        replaced = [
+            inst["InstanceId"]
+            for page in paginator.paginate()
+            for inst in page.get("AutoScalingInstances", [])
+            if inst["AutoScalingGroupName"] in groups
+            and inst["HealthStatus"].upper() == "UNHEALTHY"
+            and inst["LifecycleState"] == "InService"
+        ]
+        for instance_id in replaced:
+            self.terminate_in_group(instance_id, decrement=False)
         return replaced
 
     def read_object(self, bucket: str, key: str) -> bytes | None:
@@ -337,26 +335,18 @@ class AwsEmulator:
         return read_object(self.client("s3"), bucket, key)
 
     def list_keys(self, bucket: str, prefix: str) -> list[str]:
-        keys: list[str] = []
-        pages = (
-            self.client("s3")
-            .get_paginator("list_objects_v2")
-            .paginate(Bucket=bucket, Prefix=prefix)
-        )
-        for page in pages:
-            keys.extend(obj["Key"] for obj in page.get("Contents", []))
-        return keys
+        paginator = self.client("s3").get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=bucket, Prefix=prefix)
+        return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
     def download_prefix(self, bucket: str, prefix: str, dest: Path) -> int:
         """Every object under ``prefix`` into ``dest`` (same relative paths); files written."""
-        s3 = self.client("s3")
-        count = 0
-        for key in self.list_keys(bucket, prefix):
+        keys = self.list_keys(bucket, prefix)
+        for key in keys:
             target = dest / key[len(prefix) :]
             target.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, key, str(target))
-            count += 1
-        return count
+            self.client("s3").download_file(bucket, key, str(target))
+        return len(keys)
 
 
 def _ip_key(ip: str) -> tuple[int, ...]:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from training.launcher.supervisor import become_subreaper
+from training.rehearsal import report
 from training.rehearsal.faults import (
     INSTANCE_FORM,
     LAUNCH_FORM,
@@ -19,7 +21,12 @@ from training.rehearsal.faults import (
     parse_instance_fault,
 )
 from training.rehearsal.injector import SAVE_WATCH_S
-from training.rehearsal.rehearse import DEFAULT_NOTICE_S, DEFAULT_TIMEOUT_S, RehearsalOptions
+from training.rehearsal.rehearse import (
+    DEFAULT_NOTICE_S,
+    DEFAULT_TIMEOUT_S,
+    RehearsalOptions,
+    rehearse,
+)
 from training.spec import load_spec
 
 EXIT_USAGE = 2
@@ -55,29 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--spec", required=True, help="cluster spec (TOML)")
     parser.add_argument("--out", required=True, help="output folder (rehearsal.json, instances/)")
-    for kind, text in _FAULT_HELP.items():
-        parser.add_argument(
-            f"--{kind.value}",
-            action="append",
-            default=[],
-            metavar="GROUP:INDEX@STEP",
-            help=text,
-        )
-    for kind, text in _LAUNCH_FAULT_HELP.items():
-        parser.add_argument(
-            f"--{kind.value}",
-            action="append",
-            default=[],
-            metavar="GROUP:INDEX",
-            help=f"{text} ({LAUNCH_FORM})",
-        )
-    parser.add_argument(
-        "--s3-outage",
-        action="append",
-        default=[],
-        metavar="STEP:SECONDS",
-        help=f"S3 unreachable from the instances for SECONDS ({OUTAGE_FORM})",
-    )
+    fault_flags = [(k.value, "GROUP:INDEX@STEP", text) for k, text in _FAULT_HELP.items()]
+    fault_flags += [
+        (k.value, "GROUP:INDEX", f"{text} ({LAUNCH_FORM})")
+        for k, text in _LAUNCH_FAULT_HELP.items()
+    ]
+    outage = f"S3 unreachable from the instances for SECONDS ({OUTAGE_FORM})"
+    for flag, metavar, text in [*fault_flags, ("s3-outage", "STEP:SECONDS", outage)]:
+        parser.add_argument(f"--{flag}", action="append", default=[], metavar=metavar, help=text)
     parser.add_argument("--scenario", help="a TOML or JSON file listing faults (see docs)")
     base = parser.add_mutually_exclusive_group()
     base.add_argument(
@@ -88,22 +80,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     base.add_argument(
         "--no-baseline", action="store_true", help="do not compare with an uninterrupted run"
     )
-    parser.add_argument(
-        "--restart-budget",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the launchers' restart budget (hetero launch --restart-budget; default: the "
-        "launcher's own, 3)",
-    )
-    parser.add_argument(
-        "--replacement-budget",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the launchers' replacement budget (hetero launch --replacement-budget; default: "
-        "the launcher's own, 3)",
-    )
+    for budget in ("restart", "replacement"):
+        parser.add_argument(
+            f"--{budget}-budget",
+            type=int,
+            default=None,
+            metavar="N",
+            help=f"the launchers' {budget} budget (hetero launch --{budget}-budget; default: the "
+            "launcher's own, 3)",
+        )
     parser.add_argument(
         "--resume-stopped",
         type=int,
@@ -138,18 +123,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_scenario(args: argparse.Namespace) -> Scenario:
     """The scenario file's faults plus the flags' (``FaultSyntaxError`` names the bad one)."""
     scenario = load_scenario(args.scenario) if args.scenario else Scenario()
-    flags = []
-    for kind in FaultKind:
-        for text in getattr(args, kind.value.replace("-", "_")):
-            flags.append(parse_instance_fault(kind, text))
+    flags = [
+        parse_instance_fault(kind, text)
+        for kind in FaultKind
+        for text in getattr(args, kind.value.replace("-", "_"))
+    ]
     return merge(scenario, flags)
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.launcher.supervisor import become_subreaper
-    from training.rehearsal import report
-    from training.rehearsal.rehearse import rehearse
-
     spec = load_spec(args.spec)
     try:
         scenario = build_scenario(args)
@@ -161,24 +143,16 @@ def run(args: argparse.Namespace) -> int:
         print("hetero rehearse: " + "\n  ".join(["faults do not fit the spec:", *problems]),
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
-    if args.timeout <= 0:
-        print("hetero rehearse: --timeout must be more than 0 seconds", file=sys.stderr)
+    notice = next(
+        n for n in (args.notice_seconds, scenario.notice_seconds, DEFAULT_NOTICE_S) if n is not None
+    )
+    bad = [("--timeout", "more than 0 seconds")] if args.timeout <= 0 else []
+    values = {"notice-seconds": notice, "resume-stopped": args.resume_stopped}
+    values |= {f"{b}-budget": getattr(args, f"{b}_budget") for b in ("restart", "replacement")}
+    bad += [(f"--{k}", "0 or more") for k, v in values.items() if v is not None and v < 0]
+    if bad:
+        print(f"hetero rehearse: {bad[0][0]} must be {bad[0][1]}", file=sys.stderr)
         return EXIT_USAGE
-    notice = args.notice_seconds
-    if notice is None:
-        notice = (
-            scenario.notice_seconds if scenario.notice_seconds is not None else DEFAULT_NOTICE_S
-        )
-    if notice < 0:
-        print("hetero rehearse: --notice-seconds must be 0 or more", file=sys.stderr)
-        return EXIT_USAGE
-    if args.resume_stopped < 0:
-        print("hetero rehearse: --resume-stopped must be 0 or more", file=sys.stderr)
-        return EXIT_USAGE
-    for flag in ("restart_budget", "replacement_budget"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 0:
-            print(f"hetero rehearse: --{flag.replace('_', '-')} must be 0 or more", file=sys.stderr)
-            return EXIT_USAGE
     # Orphans of the emulated instances' trees (a killed launcher's children) come to this
     # process, which reaps them, instead of escaping to init.
     become_subreaper()
@@ -192,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
         resume_max_usd=args.resume_max_usd,
         launcher_args=tuple(
             arg
-            for flag in ("restart_budget", "replacement_budget")
-            if getattr(args, flag) is not None
-            for arg in (f"--{flag.replace('_', '-')}", str(getattr(args, flag)))
+            for flag, value in values.items()
+            if flag.endswith("-budget") and value is not None
+            for arg in (f"--{flag}", str(value))
         ),
     )
     _, code = rehearse(

@@ -43,11 +43,7 @@ class DesiredWatch:
 
 def collapse(values: Sequence[int]) -> list[int]:
     """``values`` without consecutive repeats."""
-    out: list[int] = []
-    for v in values:
-        if not out or out[-1] != v:
-            out.append(v)
-    return out
+    return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
 
 
 def expected_desired(start: int, decisions: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -26,7 +26,7 @@ import json
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -121,11 +121,7 @@ class Fault:
     def describe(self) -> str:
         if self.at_launch:
             return f"{self.kind.value} {self.group}:{'*' if self.index is None else self.index}"
-        when = (
-            str(self.trigger.step)
-            if self.trigger.step is not None
-            else f"{self.trigger.seconds:g}s"
-        )
+        when = self.trigger.describe().removeprefix("step ")
         if self.kind is FaultKind.S3_OUTAGE:
             return f"{self.kind.value} {when}:{self.duration_s:g}"
         return f"{self.kind.value} {self.group}:{self.index}@{when}"
@@ -213,11 +209,7 @@ def parse_outage(text: str) -> Fault:
 
 def parse_faults(by_kind: Mapping[str, Iterable[str]]) -> tuple[Fault, ...]:
     """Every fault of ``{kind: [text, ...]}`` (kinds spelt like the flags, ``_`` or ``-``)."""
-    faults: list[Fault] = []
-    for key, texts in by_kind.items():
-        kind = _kind(key)
-        faults.extend(parse_instance_fault(kind, t) for t in texts)
-    return tuple(faults)
+    return tuple(parse_instance_fault(_kind(k), t) for k, texts in by_kind.items() for t in texts)
 
 
 def _kind(key: str) -> FaultKind:
@@ -303,14 +295,7 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
 
 def merge(scenario: Scenario, extra: Sequence[Fault]) -> Scenario:
     """The scenario with the flags' faults added."""
-    if not extra:
-        return scenario
-    return Scenario(
-        name=scenario.name,
-        faults=(*scenario.faults, *extra),
-        expect=scenario.expect,
-        notice_seconds=scenario.notice_seconds,
-    )
+    return replace(scenario, faults=(*scenario.faults, *extra)) if extra else scenario
 
 
 def check_against_spec(faults: Sequence[Fault], spec: ClusterSpec) -> list[str]:

@@ -76,8 +76,7 @@ class ImdsEmulator:
             "placement/availability-zone": availability_zone or f"{region}a",
             "autoscaling/target-lifecycle-state": "InService",
         }
-        for key, value in (tags or {}).items():
-            self._values[f"tags/instance/{key}"] = value
+        self._values |= {f"tags/instance/{key}": value for key, value in (tags or {}).items()}
         self.requests = 0
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -186,10 +185,12 @@ class ImdsEmulator:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-            def _reply(self, code: int, body: str = "", content_type: str = "text/plain") -> None:
+            def _reply(self, code: int, body: str = "", headers: Mapping[str, str] = {}) -> None:
                 data = body.encode()
                 self.send_response(code)
-                self.send_header("Content-Type", content_type)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -207,14 +208,7 @@ class ImdsEmulator:
                 if not 1 <= ttl <= MAX_TTL_S:
                     self._reply(400, f"{TTL_HEADER} must be 1..{MAX_TTL_S}")
                     return
-                token = imds._new_token(ttl)
-                self.send_response(200)
-                self.send_header(TTL_HEADER, str(ttl))
-                data = token.encode()
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._reply(200, imds._new_token(ttl), {TTL_HEADER: str(ttl)})
 
             def do_GET(self) -> None:
                 imds.requests += 1

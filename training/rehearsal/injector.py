@@ -26,6 +26,7 @@ until that instance has launched, and is skipped if the instance is already gone
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
@@ -150,28 +151,16 @@ class FaultRecord:
     """Launch faults: every instance the fault was applied to, in launch order."""
 
     def to_json(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {}
+        keys = ["state", "instance", "fired_t", "fired_wall", "step_at_fire", "terminated_t"]
+        keys += ["kills", "detail"]
         if self.fault.at_launch:
-            extra = {"instances": list(self.instances)}
+            keys.append("instances")
         if self.fault.kind is FaultKind.KILL_IN_SAVE:
-            extra = {
-                "cut_step": self.cut_step,
-                "newest_complete_at_kill": self.newest_complete_at_kill,
-                "partial_at_kill": self.partial_at_kill,
-                "watch_started_t": self.watch_started_t,
-            }
+            keys += ["cut_step", "newest_complete_at_kill", "partial_at_kill", "watch_started_t"]
         return {
             "fault": self.fault.describe(),
             "kind": self.fault.kind.value,
-            "state": self.state,
-            "instance": self.instance,
-            "fired_t": self.fired_t,
-            "fired_wall": self.fired_wall,
-            "step_at_fire": self.step_at_fire,
-            "terminated_t": self.terminated_t,
-            "kills": self.kills,
-            "detail": self.detail,
-            **extra,
+            **{k: copy.copy(getattr(self, k)) for k in keys},
         }
 
 
@@ -308,6 +297,11 @@ class FaultInjector(threading.Thread):
                 if rec.state == "firing" and rec.fault.kind is not FaultKind.CRASH:
                     rec.state = "done"
 
+    def _say(self, rec: FaultRecord, run: InstanceRun | None, text: str, **data: Any) -> None:
+        """A ``fault`` event: the fault, then ``text``."""
+        instance = run.instance_id if run is not None else None
+        self.events.add("fault", f"{rec.fault.describe()}: {text}", instance=instance, **data)
+
     def _wait(self, seconds: float) -> bool:
         """Sleep ``seconds``; False when the rehearsal is stopping."""
         return not self._stopped.wait(max(0.0, seconds))
@@ -323,16 +317,12 @@ class FaultInjector(threading.Thread):
             self.aws.terminate_instance(run.instance_id)
             how = "TerminateInstances"
         rec.terminated_t = self.events.elapsed()
-        self.events.add("fault", f"{rec.fault.describe()}: {how}", instance=run.instance_id)
+        self._say(rec, run, how)
 
     def _interrupt(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None
         body = run.imds.set_spot_interruption(time.time() + self.notice_s)
-        self.events.add(
-            "fault",
-            f"{rec.fault.describe()}: Spot interruption notice {body} at step {rec.step_at_fire}",
-            instance=run.instance_id,
-        )
+        self._say(rec, run, f"Spot interruption notice {body} at step {rec.step_at_fire}")
         if self._wait(self.notice_s):
             self._terminate(rec, run)
 
@@ -341,11 +331,7 @@ class FaultInjector(threading.Thread):
         body = run.imds.set_rebalance_recommendation()
         asg = self.names.asg_names[rec.fault.group]
         desired = self.aws.desired_capacities(self.names).get(asg, 0)
-        self.events.add(
-            "fault",
-            f"{rec.fault.describe()}: rebalance recommendation {body} at step {rec.step_at_fire}",
-            instance=run.instance_id,
-        )
+        self._say(rec, run, f"rebalance recommendation {body} at step {rec.step_at_fire}")
         if desired == 0:
             rec.detail = "the group was already at 0"
             return
@@ -378,25 +364,20 @@ class FaultInjector(threading.Thread):
     def _kill(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None
         pids = self.simulator.kill_tree(run)
-        self.events.add(
-            "fault",
-            f"{rec.fault.describe()}: SIGKILL {len(pids)} process(es) at step {rec.step_at_fire}",
-            instance=run.instance_id,
-        )
+        self._say(rec, run, f"SIGKILL {len(pids)} process(es) at step {rec.step_at_fire}")
         self._terminate(rec, run)
 
     def _kill_in_save(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None
-        desc = rec.fault.describe()
         if run.tmpdir is None:
             raise RuntimeError(f"{run.instance_id} has no TMPDIR of its own to watch")
         staging = Path(checkpoint_staging_dir(run.tmpdir))
         rec.watch_started_t = rec.fired_t
-        self.events.add(
-            "fault",
-            f"{desc}: watching {staging} for a checkpoint write from step {rec.step_at_fire} "
+        self._say(
+            rec,
+            run,
+            f"watching {staging} for a checkpoint write from step {rec.step_at_fire} "
             f"(at most {self.save_watch_s:g}s)",
-            instance=run.instance_id,
         )
         killed: list[int] = []
 
@@ -426,7 +407,9 @@ class FaultInjector(threading.Thread):
             with self._lock:
                 rec.state = "skipped"
             rec.detail = f"not fired: {watch.reason}"
-            self.events.add("fault-skipped", f"{desc}: {rec.detail}", instance=run.instance_id)
+            self.events.add(
+                "fault-skipped", f"{rec.fault.describe()}: {rec.detail}", instance=run.instance_id
+            )
             return
         rec.cut_step = watch.cut_step
         store = S3CheckpointStore(self.names.checkpoint_uri, client=self.aws.client("s3"))
@@ -439,11 +422,11 @@ class FaultInjector(threading.Thread):
         rec.detail = (
             f"killed {where}; newest complete checkpoint in S3: {rec.newest_complete_at_kill}"
         )
-        self.events.add(
-            "fault",
-            f"{desc}: SIGKILL {len(killed)} process(es) {watch.waited_s:.1f}s into the watch, "
+        self._say(
+            rec,
+            run,
+            f"SIGKILL {len(killed)} process(es) {watch.waited_s:.1f}s into the watch, "
             f"{where}; newest complete checkpoint in S3: step {rec.newest_complete_at_kill}",
-            instance=run.instance_id,
             cut_step=rec.cut_step,
             newest_complete_at_kill=rec.newest_complete_at_kill,
             partial_at_kill=rec.partial_at_kill,
@@ -453,20 +436,13 @@ class FaultInjector(threading.Thread):
     def _kill_data_server(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None
         pids = self.simulator.kill_matching(run, is_data_server)
-        self.events.add(
-            "fault",
-            f"{rec.fault.describe()}: SIGKILL data server tree {pids} at step {rec.step_at_fire}",
-            instance=run.instance_id,
-        )
+        self._say(rec, run, f"SIGKILL data server tree {pids} at step {rec.step_at_fire}")
         self._terminate(rec, run)
 
     def _crash(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None
-        self.events.add(
-            "fault",
-            f"{rec.fault.describe()}: the trainer on this instance crashes from now on "
-            f"(step {rec.step_at_fire})",
-            instance=run.instance_id,
+        self._say(
+            rec, run, f"the trainer on this instance crashes from now on (step {rec.step_at_fire})"
         )
         # The injector's loop kills the workers from now on (see _crash_workers).
 
@@ -502,10 +478,8 @@ class FaultInjector(threading.Thread):
     def _s3_outage(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert rec.fault.duration_s is not None
         self.proxy.set_reachable(False)
-        self.events.add(
-            "fault",
-            f"{rec.fault.describe()}: S3 unreachable for {rec.fault.duration_s:g}s "
-            f"from step {rec.step_at_fire}",
+        self._say(
+            rec, run, f"S3 unreachable for {rec.fault.duration_s:g}s from step {rec.step_at_fire}"
         )
         try:
             self._wait(rec.fault.duration_s)

@@ -134,10 +134,9 @@ def _parse_model(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> ModelSpec:
         if init is not None and not init.strip():
             r.problem("init", "empty; give a model.safetensors path or s3:// URI, or remove it")
             init = None
-        model = ModelSpec(
+        return ModelSpec(
             name=r.get(model_t, "name", str, d.model.name), overrides=overrides, init=init
         )
-    return model
 
 
 def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
@@ -190,7 +189,7 @@ def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
                 r.problem("val_path", "source 'folder' needs val_path = a local folder")
             elif val_path.rstrip("/") == (path or "").rstrip("/"):
                 r.problem("val_path", "is the training path; validation must be other images")
-        dataset = DatasetSpec(
+        return DatasetSpec(
             source=source,
             path=path,
             num_samples=r.positive(ds_t, "num_samples", d.dataset.num_samples),
@@ -204,7 +203,6 @@ def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
             cache_dir=r.get(ds_t, "cache_dir", str, None),
             cache_gb=float(cache_gb) if isinstance(cache_gb, int | float) else None,
         )
-    return dataset
 
 
 def _parse_mixup(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> MixupSpec:
@@ -235,8 +233,7 @@ def _parse_ema(r: _Reader, t: Mapping[str, Any]) -> EmaSpec:
         r.check_keys(ema_t, EmaSpec)
         if ema_t and "decay" not in ema_t:
             r.problem("decay", "missing; e.g. decay = 0.999 (0 or no [job.ema]: no EMA)")
-        ema = EmaSpec(decay=_fraction(r, ema_t, "decay", 0.0, high=0.999999))
-    return ema
+        return EmaSpec(decay=_fraction(r, ema_t, "decay", 0.0, high=0.999999))
 
 
 def _parse_eval(r: _Reader, t: Mapping[str, Any], d: JobSpec, dataset: DatasetSpec) -> EvalSpec:
@@ -265,13 +262,12 @@ def _parse_checkpoint(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> Checkpoin
     ck_t = r.table(t, "checkpoint")
     with r.at("checkpoint"):
         r.check_keys(ck_t, CheckpointSpec)
-        checkpoint = CheckpointSpec(
+        return CheckpointSpec(
             interval_steps=r.positive(ck_t, "interval_steps", d.checkpoint.interval_steps),
             dir=r.get(ck_t, "dir", str, d.checkpoint.dir),
             keep=r.positive(ck_t, "keep", d.checkpoint.keep),
             async_save=r.get(ck_t, "async_save", bool, d.checkpoint.async_save),
         )
-    return checkpoint
 
 
 def _parse_parallelism(r: _Reader, t: Mapping[str, Any]) -> ParallelismSpec:
@@ -297,8 +293,7 @@ def _parse_parallelism(r: _Reader, t: Mapping[str, Any]) -> ParallelismSpec:
                 "grad_compression",
             )
             compression = GradCompression.NONE
-        parallelism = ParallelismSpec(strategy, shard or None, replicate or None, compression)
-    return parallelism
+        return ParallelismSpec(strategy, shard or None, replicate or None, compression)
 
 
 def _parse_prices(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> PricesSpec:
@@ -317,8 +312,7 @@ def _parse_prices(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> PricesSpec:
         if not 0 < ratio <= 1:
             r.problem("spot_price_ratio", f"must be in (0, 1], got {ratio}")
             ratio = d.prices.spot_price_ratio
-        prices = PricesSpec(usd_per_hour=clean, spot_price_ratio=ratio)
-    return prices
+        return PricesSpec(usd_per_hour=clean, spot_price_ratio=ratio)
 
 
 def _parse_dataplane(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DataPlaneSpec:

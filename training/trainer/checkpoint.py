@@ -96,10 +96,13 @@ class PendingSave:
     started: float = field(default_factory=time.perf_counter)
 
     @property
+    def _running(self) -> Future[Any] | None:
+        return self.write if self.phase == "write" else self.upload
+
+    @property
     def busy(self) -> bool:
         """True while this rank's background work of the current phase runs (no communication)."""
-        running = self.write if self.phase == "write" else self.upload
-        return running is not None and not running.done()
+        return self._running is not None and not self._running.done()
 
     def wait_staged(self) -> None:
         """Return once the state has been copied out (the model may change after that)."""
@@ -109,9 +112,8 @@ class PendingSave:
     def wait(self) -> None:
         """Block until this rank's background work of the current phase is done (it may have
         failed: ``advance`` reports that)."""
-        running = self.write if self.phase == "write" else self.upload
-        if running is not None:
-            running.exception()  # Waits; never raises the work's own error.
+        if self._running is not None:
+            self._running.exception()  # Waits; never raises the work's own error.
 
 
 def step_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -130,11 +132,12 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER).is_file()
 
 
-def latest_complete(directory: Path) -> Path | None:
-    """The newest ``step-N`` folder whose marker exists; incomplete ones are skipped and logged."""
-    for _step, path in reversed(step_dirs(directory)):
+def latest_complete(directory: Path) -> tuple[int, Path] | None:
+    """The newest ``step-N`` folder whose marker exists, with its N; incomplete ones are skipped
+    and logged."""
+    for step, path in reversed(step_dirs(directory)):
         if is_complete(path):
-            return path
+            return step, path
         log.warning("checkpoint %s has no %s marker (a cut-off save): ignored", path, MARKER)
     return None
 
@@ -437,9 +440,7 @@ class Checkpointer:
         def finish() -> None:
             shutil.rmtree(final, ignore_errors=True)  # A marker-less leftover.
             os.replace(partial, final)
-            write_atomically(
-                final / MARKER, json.dumps({"step": step, "time": time.time()}), fsync=True
-            )
+            _write_marker(final, step)
             self._prune_local()
 
         self.from_rank0(finish, f"completing checkpoint step {step}")
@@ -469,9 +470,7 @@ class Checkpointer:
                 os.replace(partial, final)
                 self._prune_local(complete_only=False)
             if self.rank == 0:
-                write_atomically(
-                    final / MARKER, json.dumps({"step": step, "time": time.time()}), fsync=True
-                )
+                _write_marker(final, step)
                 store.upload_marker(final / MARKER, step)  # Last: now the step is loadable.
                 try:
                     store.prune(self.keep)
@@ -494,12 +493,13 @@ class Checkpointer:
         step and each host that cannot, rather than loading different steps or waiting."""
         store = self.store
         if store is None:
-            newest = self.from_rank0(
-                lambda: _step_of(latest_complete(self.directory)),
-                f"listing checkpoints in {self.directory}",
+            # Rank 0 picks the step; every host reads it in its own folder.
+            found = self.from_rank0(
+                lambda: latest_complete(self.directory), f"listing checkpoints in {self.directory}"
             )
-            if newest is None:
+            if found is None:
                 return None
+            newest = found[0]
             path = self.directory / step_name(newest)
 
             def readable() -> None:
@@ -577,8 +577,8 @@ class Checkpointer:
             self._uploader = None
 
 
-def _step_of(path: Path | None) -> int | None:
-    return None if path is None else step_of(path.name)
+def _write_marker(folder: Path, step: int) -> None:
+    write_atomically(folder / MARKER, json.dumps({"step": step, "time": time.time()}), fsync=True)
 
 
 def _since(t0: float) -> float:

@@ -53,23 +53,17 @@ def find_step(checkpoint: str, staging: Path, *, client: Any | None = None) -> S
         except ValueError as e:
             raise ExportError(f"--checkpoint: {e}") from None
         parts = prefix.rstrip("/").rsplit("/", 1)
-        named = step_of(parts[-1]) if prefix else None
-        if named is not None:
+        step = step_of(parts[-1]) if prefix else None
+        if step is None:
+            store = S3CheckpointStore(checkpoint, client=client)
+            step = store.latest_complete()
+            if step is None:
+                raise ExportError(f"{checkpoint} holds no complete step-N checkpoint")
+        else:
             root = s3.s3_uri(bucket, parts[0] if len(parts) == 2 else "")
             store = S3CheckpointStore(root, client=client)
-            step = named
             if not store.is_complete(step):
-                raise ExportError(
-                    f"{store.step_uri(step)} is not a complete checkpoint (no {MARKER} marker: "
-                    "a save cut off or still running); give a complete step-N, or the "
-                    "checkpoint root to take its newest complete step"
-                )
-        else:
-            store = S3CheckpointStore(checkpoint, client=client)
-            newest = store.latest_complete()
-            if newest is None:
-                raise ExportError(f"{checkpoint} holds no complete step-N checkpoint")
-            step = newest
+                raise _incomplete(store.step_uri(step))
         return StepRef(staging / step_name(step), step, store.step_uri(step), store)
     path = Path(checkpoint).expanduser()
     if not path.is_dir():
@@ -77,11 +71,7 @@ def find_step(checkpoint: str, staging: Path, *, client: Any | None = None) -> S
     named = step_of(path.name)
     if named is not None:
         if not is_complete(path):
-            raise ExportError(
-                f"{path} is not a complete checkpoint (no {MARKER} marker: a save cut off or "
-                "still running); give a complete step-N, or the checkpoint root to take its "
-                "newest complete step"
-            )
+            raise _incomplete(str(path))
         return StepRef(path, named, str(path))
     if path.name.endswith(".partial"):
         raise ExportError(f"{path} is a save in progress or cut off (.partial), not a checkpoint")
@@ -90,7 +80,16 @@ def find_step(checkpoint: str, staging: Path, *, client: Any | None = None) -> S
         seen = [p.name for _, p in step_dirs(path)]
         hint = f" ({', '.join(seen)} have no {MARKER} marker)" if seen else ""
         raise ExportError(f"{path} holds no complete step-N checkpoint{hint}")
-    return StepRef(found, step_of(found.name) or 0, str(found))
+    step, path = found
+    return StepRef(path, step, str(path))
+
+
+def _incomplete(where: str) -> ExportError:
+    return ExportError(
+        f"{where} is not a complete checkpoint (no {MARKER} marker: a save cut off or still "
+        "running); give a complete step-N, or the checkpoint root to take its newest complete "
+        "step"
+    )
 
 
 def saved_keys(step_dir: Path) -> dict[str, TensorStorageMetadata]:

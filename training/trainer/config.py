@@ -17,6 +17,7 @@ from typing import Any
 
 from training.common.names import ENV_BUDGET_DEADLINE, ENV_CLUSTER, ENV_SAMPLE_LOG_DIR
 from training.common.s3 import is_s3_uri, parse_s3_uri
+from training.dataplane.discovery import parse_discovery
 from training.spec import ClusterSpec, GradCompression, Parallelism, Precision
 
 ENV_COLLECTIVE_TIMEOUT = "HETERO_COLLECTIVE_TIMEOUT_S"
@@ -165,11 +166,7 @@ class TrainerConfig:
 
     def pace_at(self, step: int) -> float:
         """The least seconds step ``step`` (1-based) takes."""
-        seconds = 0.0
-        for start, value in self.min_step_s:
-            if step >= start:
-                seconds = value
-        return seconds
+        return next((s for start, s in reversed(self.min_step_s) if step >= start), 0.0)
 
     @classmethod
     def from_spec(
@@ -245,8 +242,6 @@ class TrainerConfig:
         else:
             servers = ",".join(s.strip() for s in data_servers if s.strip())
         if servers:
-            from training.dataplane.discovery import parse_discovery
-
             try:
                 parse_discovery(servers, spec)
             except ValueError as e:

@@ -50,7 +50,6 @@ class EmfMetric:
     """One CloudWatch metric and the interval-record field it is read from."""
 
     name: str
-    """CloudWatch metric name."""
     unit: str
     """A CloudWatch unit (``MetricDatum.Unit``)."""
     field: str

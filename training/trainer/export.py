@@ -54,12 +54,11 @@ from training.trainer.checkpoint_read import (
     read_weights,
 )
 from training.trainer.config import CheckpointConfig, ModelConfig, TrainerConfig
-from training.trainer.model import resolve
+from training.trainer.model import meta_model, resolve
 from training.trainer.model_config import (
     ExportError,
     check_weights,
     class_names,
-    meta_model,
     model_config_of,
     timm_config,
 )

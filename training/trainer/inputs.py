@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from training.data import Batch, epoch_order
+from training.data import Batch, build_split, epoch_order, local_loader
 from training.spec import JobSpec
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.remote import DataPlaneBatches
@@ -100,8 +100,6 @@ class LocalBatches:
     def __init__(
         self, job: JobSpec, *, rank: int, world_size: int, epochs: int | None = None
     ) -> None:
-        from training.data import build_split
-
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -116,8 +114,6 @@ class LocalBatches:
         self._iter: Iterator[Batch] | None = None
 
     def _open(self) -> Iterator[Batch]:
-        from training.data import local_loader
-
         loader = local_loader(
             self.job, self.rank, self.world_size, self.epoch, source=self._dataset
         )

@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from multiprocessing.process import BaseProcess
 
+from training.trainer.__main__ import main
+
 FORKSERVER_PRELOAD = ["torch", "timm", "training.trainer.train"]
 """Imported once by the forkserver that forks the ranks."""
 
@@ -50,8 +52,6 @@ def _rank_main(
 
     # As torchrun does for several ranks on one host: one thread each, no oversubscription.
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-    from training.trainer.__main__ import main
-
     sys.exit(main(argv))
 
 

@@ -60,10 +60,7 @@ PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 
 def peak_flops(device_name: str) -> float | None:
     """Peak dense bf16/fp16 FLOP/s of the GPU called ``device_name``; None if unknown."""
-    for key, flops in PEAK_FLOPS:
-        if key in device_name:
-            return flops
-    return None
+    return next((flops for key, flops in PEAK_FLOPS if key in device_name), None)
 
 
 class GpuMonitor:
@@ -237,12 +234,7 @@ class MetricsLogger:
                 highlight=False,
             )
         if self.rank == 0 and self.emf_cluster is not None:
-            document = emf_document(record, cluster=self.emf_cluster)
-            try:
-                if document is not None:
-                    write_emf(document)
-            except OSError as e:  # A closed stdout costs the metric line, never the run.
-                log.warning("EMF metrics line not written: %s", e)
+            _write_emf(emf_document(record, cluster=self.emf_cluster), "metrics")
         return record
 
     def log_eval(
@@ -286,12 +278,7 @@ class MetricsLogger:
         except OSError as e:
             log.warning("%s not written: %s", LAST_EVAL_FILE, e)
         if self.emf_cluster is not None:
-            document = eval_emf_document(record, cluster=self.emf_cluster)
-            try:
-                if document is not None:
-                    write_emf(document)
-            except OSError as e:  # A closed stdout costs the metric line, never the run.
-                log.warning("EMF validation line not written: %s", e)
+            _write_emf(eval_emf_document(record, cluster=self.emf_cluster), "validation")
 
     def _mfu(self, samples_per_s: float) -> float | None:
         f, peak = self.facts.flops_per_sample, self.facts.peak_flops_per_rank
@@ -320,6 +307,14 @@ class MetricsLogger:
             self._jsonl.close()
             self._jsonl = None
         return summary
+
+
+def _write_emf(document: dict[str, Any] | None, what: str) -> None:
+    try:
+        if document is not None:
+            write_emf(document)
+    except OSError as e:  # A closed stdout costs the metric line, never the run.
+        log.warning("EMF %s line not written: %s", what, e)
 
 
 def _mean(values: Sequence[float | None], weights: Sequence[float]) -> float | None:
@@ -352,9 +347,7 @@ def _better(r: Mapping[str, Any]) -> tuple[str, float, float, float]:
     """(weights, top1, top5, val_loss) of the better weights of validation record ``r``: the
     EMA's when its top-1 is higher than the raw weights', else the raw weights'."""
     ema = r.get("ema_top1")
-    if ema is not None and ema > r["top1"]:
-        return "ema", float(ema), float(r["ema_top5"]), float(r["ema_val_loss"])
-    return "raw", float(r["top1"]), float(r["top5"]), float(r["val_loss"])
+    return _ema(r) if ema is not None and ema > r["top1"] else _raw(r)
 
 
 def _when(r: Mapping[str, Any]) -> dict[str, Any]:
@@ -368,6 +361,10 @@ def _point(r: Mapping[str, Any], scores: tuple[str, float, float, float]) -> dic
 
 def _ema(r: Mapping[str, Any]) -> tuple[str, float, float, float]:
     return "ema", float(r["ema_top1"]), float(r["ema_top5"]), float(r["ema_val_loss"])
+
+
+def _raw(r: Mapping[str, Any]) -> tuple[str, float, float, float]:
+    return "raw", float(r["top1"]), float(r["top5"]), float(r["val_loss"])
 
 
 def accuracy_summary(
@@ -396,12 +393,11 @@ def accuracy_summary(
             when = _when(evals[first])
             reached.append({"target": target, "reached": True, **when, "weights": better[first][0]})
     best = max(range(len(evals)), key=lambda i: better[i][1])  # max keeps the first of equals
-    last = evals[-1]
     out: dict[str, Any] = {
         "metric": "top1",
         "targets": reached,
         "best": _point(evals[best], better[best]),
-        "final": _point(last, ("raw", last["top1"], last["top5"], last["val_loss"])),
+        "final": _point(evals[-1], _raw(evals[-1])),
     }
     with_ema = [r for r in evals if r.get("ema_top1") is not None]
     if with_ema:

@@ -224,8 +224,7 @@ def plan_init(
         raise ConfigError(
             [f"{INIT_FIELD} = {uri!r} is not a safetensors file ({e}); give a model.safetensors"]
         ) from e
-    with torch.device("meta"):
-        meta = timm.create_model(name, pretrained=False, **kwargs)
+    _, _, meta = meta_model(config)
     expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
     head = _classifier_keys(meta)
     weight = head[0] if head else None
@@ -310,12 +309,18 @@ def some_keys(keys: list[str]) -> str:
     return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
 
 
-def training_flops_per_sample(config: ModelConfig) -> float:
-    """FLOPs of one training sample (forward + backward), counted by torch's FlopCounterMode on
-    the meta device (no memory, no compute): ~105e9 for ViT-B/16 at 224 px."""
+def meta_model(config: ModelConfig) -> tuple[str, dict[str, Any], nn.Module]:
+    """The timm name, keyword arguments and the model on the meta device (no memory)."""
     name, kwargs = resolve(config)
     with torch.device("meta"):
         model = timm.create_model(name, pretrained=False, **kwargs)
+    return name, kwargs, model
+
+
+def training_flops_per_sample(config: ModelConfig) -> float:
+    """FLOPs of one training sample (forward + backward), counted by torch's FlopCounterMode on
+    the meta device (no memory, no compute): ~105e9 for ViT-B/16 at 224 px."""
+    _, _, model = meta_model(config)
     x = torch.empty(1, 3, config.image_size, config.image_size, device="meta")
     with FlopCounterMode(display=False) as counter:
         model(x).sum().backward()

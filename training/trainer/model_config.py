@@ -13,15 +13,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import timm
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
+from training.data import build_dataset
 from training.data.transforms import EvalTransform
 from training.spec import ClusterSpec
 from training.trainer.config import ModelConfig, TrainerConfig
-from training.trainer.model import resolve, shape_differences, some_keys
+from training.trainer.model import shape_differences, some_keys
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,6 @@ def class_names(spec: ClusterSpec, num_classes: int) -> list[str]:
     the source has none, cannot be opened here, or names a different number of classes."""
     fallback = [str(i) for i in range(num_classes)]
     try:
-        from training.data import build_dataset
-
         source = build_dataset(spec.job.dataset)
     except (ValueError, OSError) as e:
         log.warning(
@@ -66,14 +64,6 @@ def class_names(spec: ClusterSpec, num_classes: int) -> list[str]:
     return names
 
 
-def meta_model(model_config: ModelConfig) -> tuple[str, dict[str, Any], nn.Module]:
-    """The timm name, keyword arguments and the model on the meta device (no memory)."""
-    name, kwargs = resolve(model_config)
-    with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False, **kwargs)
-    return name, kwargs, model
-
-
 def _global_pool(model: nn.Module) -> str | None:
     for pool in (
         getattr(getattr(model, "head", None), "global_pool", None),
@@ -94,7 +84,7 @@ def timm_config(
     eval_transform: EvalTransform,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``config.json`` for the weights of ``meta_model``'s ``(name, kwargs, model)``, in
+    """The ``config.json`` for the weights of ``model.meta_model``'s ``(name, kwargs, model)``, in
     timm's hub form: what ``timm.create_model("local-dir:...")`` needs to rebuild the model and
     what ``timm.data.resolve_data_config`` needs to preprocess as the trainer evaluated
     (mean/std: ImageNet's, as the trainer normalises). ``extra`` goes under the key ``hetero``."""
@@ -140,14 +130,6 @@ def check_weights(state_dict: Mapping[str, torch.Tensor], model: nn.Module, what
     """Raise ``ExportError`` unless ``state_dict`` has exactly ``model``'s keys and shapes."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state_dict.items()}
-    problems = _differences(expected, got)
-    if problems:
-        raise ExportError(f"{what} do not match the spec's job.model: " + "; ".join(problems))
-
-
-def _differences(
-    expected: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]]
-) -> list[str]:
     missing, unexpected, shapes = shape_differences(expected, got)
     problems = []
     if missing:
@@ -159,4 +141,5 @@ def _differences(
             "shape of "
             + some_keys([f"{k} {list(got[k])} (expected {list(expected[k])})" for k in shapes])
         )
-    return problems
+    if problems:
+        raise ExportError(f"{what} do not match the spec's job.model: " + "; ".join(problems))

@@ -110,9 +110,8 @@ class DataPlaneBatches:
             return batch
 
     def state_dict(self) -> dict[str, Any]:
-        if self._iter is None:
-            return {"epoch": self.epoch, "batch": self._batch, "client": None}
-        return {"epoch": self.epoch, "batch": self._batch, "client": self.client.state_dict()}
+        client = None if self._iter is None else self.client.state_dict()
+        return {"epoch": self.epoch, "batch": self._batch, "client": client}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self._batch, self._iter = int(state["epoch"]), int(state["batch"]), None

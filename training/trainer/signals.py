@@ -93,14 +93,6 @@ class StopSignal:
         """Ask for a stop as if a signal had arrived (used for ``--max-seconds``)."""
         self._event.set()
 
-    def request_checkpoint(self) -> None:
-        """Ask for a checkpoint as if SIGUSR1 had arrived."""
-        self._checkpoint_requests += 1
-
-    def agreed(self) -> bool:
-        """True on every rank when any rank has seen a stop request (collective)."""
-        return self.agree().stop
-
     def agree(self, void: bool = False, save_busy: bool = False) -> StepFlags:
         """The flags of every rank combined, the same on every rank (one collective).
         ``void``: this rank has no data for this step; ``save_busy``: this rank's background

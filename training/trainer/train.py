@@ -30,14 +30,15 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome, RankOutcome
 from training.data import Batch
+from training.dataplane.autoscale import Autoscaler, actuator_from_arg, policy_for
 from training.dataplane.client import DataWaitInterrupted
 from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import InputKind, TrainerConfig
-from training.trainer.data_tier import build_autoscaler
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
 from training.trainer.export import export_trained
@@ -555,6 +556,29 @@ class Trainer:
         self.checkpointer.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def build_autoscaler(config: TrainerConfig, stream: Any, rank: int) -> Autoscaler | None:
+    """The data-tier controller beside the trainer, or None: built on global rank 0 only, for an
+    elastic dataprep group, when the launcher names a backend (``--autoscale``). Its decisions
+    also go to the job record where the job keeps one (checkpoints in S3)."""
+    backend = config.input.autoscale
+    if rank != 0 or config.input.kind is not InputKind.DATAPLANE or not backend:
+        return None
+    policy = policy_for(config.spec)
+    if policy is None:
+        log.info("--autoscale %s: no dataprep group is elastic; the count stays", backend)
+        return None
+    group = next(g for g in config.spec.dataprep_groups if g.name == policy.group)
+    record = JobRecord(config.checkpoint.s3_uri) if config.checkpoint.s3_uri else None
+    return Autoscaler(
+        policy,
+        actuator_from_arg(backend, group.count, record.leaving if record is not None else None),
+        stream.client.pool.server_loads,
+        run_dir=config.run_dir,
+        start_count=group.count,
+        on_decision=None if record is None else lambda d: record.add_decision(d.as_dict()),
+    )
 
 
 def _local_bytes(t: torch.Tensor) -> int:
