@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: install install-dev local test lint proto bench clean
+.PHONY: install install-dev local test lint proto bench clean aws-calls
 
 # Reinstall only when pyproject.toml or the pins change. containers/constraints.txt is the one set
 # of versions: the image installs from it too, and a test fails when the two drift apart.
@@ -49,6 +49,13 @@ lint: install
 # The tests run on every core (pytest-xdist); tests/conftest.py starts the longest first.
 test: install-dev lint
 	$(BIN)/pytest -n auto --dist worksteal --durations=10
+
+# Rebuild tests/aws_calls.json from every test that records AWS calls (marked aws_calls), then the
+# generated IAM section of docs/security.md from it (tests/aws_calls.py, tests/infra/iam_docs.py).
+aws-calls: install-dev
+	echo '[]' > tests/aws_calls.json
+	HETERO_UPDATE_AWS_CALLS=1 $(BIN)/pytest -n auto --dist worksteal -m aws_calls -p no:cacheprovider
+	$(BIN)/python tests/infra/iam_docs.py
 
 proto: install
 	$(BIN)/python scripts/gen_proto.py

@@ -212,11 +212,24 @@ class InstanceRole(Construct):
             "Role",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description=f"{cluster_name}: instances of the training cluster (least privilege)",
-            managed_policies=[
-                # Session Manager instead of SSH: the AWS-maintained policy tracks what the SSM
-                # agent needs.
-                iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore"),
-            ],
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SessionManager",
+                # Session Manager instead of SSH: what the SSM agent needs for sessions alone,
+                # as AWS's minimal Session Manager policy lists it
+                # (https://docs.aws.amazon.com/systems-manager/latest/userguide/getting-started-create-iam-instance-profile.html).
+                # Not AmazonSSMManagedInstanceCore: it also allows ssm:GetParameter(s) on "*",
+                # every parameter of the account. None of the five has resource types.
+                actions=[
+                    "ssm:UpdateInstanceInformation",
+                    "ssmmessages:CreateControlChannel",
+                    "ssmmessages:CreateDataChannel",
+                    "ssmmessages:OpenControlChannel",
+                    "ssmmessages:OpenDataChannel",
+                ],
+                resources=["*"],
+            )
         )
         image.asset.repository.grant_pull(self.role)
         checkpoints.grant_checkpoint_access(self.role)
@@ -224,10 +237,16 @@ class InstanceRole(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="PeerDiscovery",
-                # Neither action supports resource-level permissions: Resource must be "*".
+                # None of the three supports resource-level permissions: Resource must be "*".
                 # DescribeAutoScalingInstances tells the data plane which running instances
-                # their group is terminating (lifecycle state Terminating:Wait).
-                actions=["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances"],
+                # their group is terminating (lifecycle state Terminating:Wait);
+                # DescribeAutoScalingGroups gives the data-tier controller its group's bounds
+                # and desired capacity (training/dataplane/autoscale.py).
+                actions=[
+                    "ec2:DescribeInstances",
+                    "autoscaling:DescribeAutoScalingInstances",
+                    "autoscaling:DescribeAutoScalingGroups",
+                ],
                 resources=["*"],
             )
         )

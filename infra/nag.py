@@ -99,15 +99,6 @@ def acknowledge_findings(
     )
 
     instance_role = cluster.instance_role.role
-    acks.append(
-        _ack(
-            instance_role,
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-            "AmazonSSMManagedInstanceCore]",
-            "Session Manager replaces SSH; AWS maintains this minimal policy as the SSM agent's "
-            "needs change (its few '*' resources are the SSM agent's own channels).",
-        )
-    )
     acks.append(_ack(instance_role, "AwsSolutions-IAM5[Resource::*]", REASON_STAR_REQUIRED))
     acks.append(_ack(instance_role, prefix_finding, REASON_CHECKPOINT_PREFIX))
     for fleet in cluster.fleets.values():

@@ -12,10 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import aws_calls
 import psutil
 import pytest
+
+from training.common import call_log
 
 SESSION_ENV = "HETERO_TEST_SESSION"
 # How long a leftover process gets to finish exiting before it is killed and reported.
@@ -48,7 +52,13 @@ runs the suite on every core (pytest-xdist, work stealing): the longest start fi
 others fill in around them instead of leaving one core alone with a long test at the end."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test that records AWS calls is marked, so `make aws-calls` can run them all.
+    for item in items:
+        if "record_aws_calls" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.aws_calls)
+
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::", 1)[0]
         return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
@@ -129,3 +139,24 @@ def aws() -> Iterator[object]:
         yield emulator
     finally:
         emulator.stop()
+
+
+@pytest.fixture
+def record_aws_calls(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Path]]:
+    """``record_aws_calls(names, principal)`` switches the AWS call recorder on for this test's
+    clients and processes (``training.common.call_log``); when the test ends, every call they
+    made must be in ``tests/aws_calls.json`` (``tests/aws_calls.py``)."""
+    started: list[tuple[Path, aws_calls.Names]] = []
+
+    def start(names: aws_calls.Names, principal: str = "user") -> Path:
+        folder = tmp_path_factory.mktemp("aws-calls")
+        monkeypatch.setenv(call_log.ENV_CALL_LOG, str(folder))
+        monkeypatch.setenv(call_log.ENV_PRINCIPAL, principal)
+        started.append((folder, names))
+        return folder
+
+    yield start
+    for folder, names in started:
+        aws_calls.check(folder, names)

@@ -3,18 +3,21 @@ exact request parameters, so a test fails if a check asks AWS the wrong question
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import boto3
 import pytest
 from botocore.exceptions import NoCredentialsError
 from botocore.stub import Stubber
 
 from training import cli, preflight
+from training.common import call_log
 from training.common.names import DATAPREP_AMI_PARAMETER, TRAINER_AMI_PARAMETER
 from training.preflight import Check, Clients, Status
 from training.preflight import command as preflight_command
@@ -577,12 +580,17 @@ def test_cli_prints_table_and_exit_code(
     stubs: Stubs,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    record_aws_calls: Callable[..., Path],
 ) -> None:
+    record_aws_calls(aws_calls.Names(cluster=load_spec(spec_path).name))
+    for field in dataclasses.fields(stubs.clients):
+        client = getattr(stubs.clients, field.name)
+        call_log.attach(client)
     monkeypatch.setenv("COLUMNS", "1000")  # one line per row: no cell wraps
     seen: list[str | None] = []
 
-    def fake_build_clients(session: Any) -> Clients:
-        seen.append(session.region_name)
+    def fake_build_clients(region: str) -> Clients:
+        seen.append(region)
         return stubs.clients
 
     monkeypatch.setattr(preflight_command, "build_clients", fake_build_clients)
@@ -614,7 +622,7 @@ def test_cli_without_credentials_prints_the_fix(
     monkeypatch.setattr(
         preflight_command,
         "build_clients",
-        lambda session: Clients(
+        lambda region: Clients(
             ec2=None, service_quotas=None, ssm=None, cloudformation=None, sts=NoCredsSts()
         ),
     )

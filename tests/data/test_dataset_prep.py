@@ -12,18 +12,20 @@ import shutil
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, TypeVar
 
+import aws_calls
 import boto3
 import pytest
 from moto import mock_aws
 from realdata import DigitsFolders, write_digits
 
 from training.cli import main
+from training.common import call_log
 from training.data import prep as prep_module
 from training.data.datasets import FolderImages
 from training.data.manifest import Manifest, ManifestError, load_manifest
@@ -587,12 +589,17 @@ def test_a_state_of_other_inputs_is_refused_unless_restart(
 
 
 @mock_aws
-def test_prep_from_and_to_s3_makes_the_local_shards(digits: DigitsFolders, tmp_path: Path) -> None:
+def test_prep_from_and_to_s3_makes_the_local_shards(
+    digits: DigitsFolders, tmp_path: Path, record_aws_calls: Callable[..., Path]
+) -> None:
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="images")
     for path in sorted(digits.val_dir.rglob("*.png")):
         key = f"digits/{path.relative_to(digits.val_dir).as_posix()}"
         s3.put_object(Bucket="images", Key=key, Body=path.read_bytes())
+    # What `hetero dataset prep` and `verify` ask of S3, as the user runs them.
+    record_aws_calls(aws_calls.Names(cluster="vit", dataset="s3://images/digits/"))
+    call_log.attach(s3)
 
     def request(src: str, out: str) -> PrepRequest:
         return PrepRequest(src=src, out=out, val_fraction=0.25, split_seed=3, shard_bytes=SHARD)

@@ -12,11 +12,12 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import boto3
 import pytest
 from realdata import DigitsFolders, write_digits
@@ -232,8 +233,10 @@ def _epoch(cluster: Cluster, samples: int, on_batch: Any = None) -> tuple[list[A
 
 
 def test_an_epoch_from_s3_shards_reads_few_objects_and_keeps_the_trainer_fed(
-    cluster: Cluster, prepared: Prepared
+    cluster: Cluster, prepared: Prepared, record_aws_calls: Callable[..., Path]
 ) -> None:
+    # The data server reads the dataset as it does on a dataprep instance, with its role.
+    record_aws_calls(aws_calls.Names(cluster="vit", dataset="s3://data/digits/"), "instance")
     samples = len(prepared.images["train"])
     (server,) = cluster.start(1)
     cluster.list(server)

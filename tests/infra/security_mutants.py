@@ -208,8 +208,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a mutating EC2 action on Resource *",
         _edit(
             CLUSTER,
-            'actions=["ec2:DescribeInstances", ',
-            'actions=["ec2:TerminateInstances", "ec2:DescribeInstances", ',
+            '                    "ec2:DescribeInstances",\n',
+            '                    "ec2:TerminateInstances",\n                    "ec2:DescribeInstances",\n',
         ),
     ),
     Mutant(

@@ -93,8 +93,18 @@ SKIPS: dict[str, Skip] = {
     ),
     "CKV_AWS_111": Skip(
         "wants no write action without a resource constraint: ec2:CreateNetworkInterface and "
-        "ec2:DeleteNetworkInterface in " + SAGEMAKER_ENI,
-        frozenset({"AWS::IAM::Policy.SageMakerRoleDefaultPolicy21C5BC01"}),
+        "ec2:DeleteNetworkInterface in " + SAGEMAKER_ENI + "; and the SSM agent's Session "
+        "Manager actions on the instance role, ssm:UpdateInstanceInformation and the four "
+        "ssmmessages channel actions on Resource '*', as AWS's minimal Session Manager policy "
+        "grants them (the ssmmessages actions have no resource types: "
+        "https://docs.aws.amazon.com/systems-manager/latest/userguide/"
+        "getting-started-create-iam-instance-profile.html)",
+        frozenset(
+            {
+                "AWS::IAM::Policy.SageMakerRoleDefaultPolicy21C5BC01",
+                "AWS::IAM::Policy.InstanceRoleDefaultPolicy1064ADAC",
+            }
+        ),
     ),
 }
 

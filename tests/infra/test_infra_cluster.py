@@ -44,6 +44,14 @@ STAR_ONLY_ACTIONS = {
     "ecr:GetAuthorizationToken",
     "ec2:DescribeInstances",
     "autoscaling:DescribeAutoScalingInstances",
+    "autoscaling:DescribeAutoScalingGroups",
+    # The SSM agent's Session Manager actions (UpdateInstanceInformation's resource types are
+    # optional; AWS's minimal Session Manager policy grants it on "*").
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
     "cloudwatch:PutMetricData",
     "ec2:CreateNetworkInterface",
     "ec2:CreateNetworkInterfacePermission",
@@ -614,6 +622,8 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
     assert by_action["ec2:DescribeInstances"]["Resource"] == "*"
     # The data plane drops instances their Auto Scaling group is terminating.
     assert by_action["autoscaling:DescribeAutoScalingInstances"]["Resource"] == "*"
+    # The data-tier controller reads its group's bounds and desired capacity.
+    assert by_action["autoscaling:DescribeAutoScalingGroups"]["Resource"] == "*"
     assert "ecr:BatchGetImage" in by_action
     assert "logs:PutLogEvents" in by_action
     # No broad write to EC2 or IAM.

@@ -52,9 +52,25 @@ STAR_RESOURCE_ACTIONS: dict[str, str] = {
     "ecr:GetAuthorizationToken": f"no resource types ({SAR}amazonelasticcontainerregistry.html)",
     # Peer discovery.
     "ec2:DescribeInstances": EC2_DESCRIBE,
-    # Which peers their group is terminating.
+    # Which peers their group is terminating; the data-tier controller's group.
     "autoscaling:DescribeAutoScalingInstances": f"no resource types ({SAR}amazonec2autoscaling"
     ".html)",
+    "autoscaling:DescribeAutoScalingGroups": f"no resource types ({SAR}amazonec2autoscaling.html)",
+    # The SSM agent's Session Manager channels.
+    **{
+        f"ssmmessages:{a}": f"no resource types ({SAR}amazonmessagegatewayservice.html)"
+        for a in (
+            "CreateControlChannel",
+            "CreateDataChannel",
+            "OpenControlChannel",
+            "OpenDataChannel",
+        )
+    },
+    # Optional resource types (instance, managed-instance), none required
+    # (list_awssystemsmanager.html); AWS's minimal Session Manager policy grants it on "*"
+    # (https://docs.aws.amazon.com/systems-manager/latest/userguide/getting-started-create-iam-instance-profile.html).
+    "ssm:UpdateInstanceInformation": "the SSM agent registers its instance; AWS's minimal "
+    "Session Manager policy grants it on *",
     # SageMaker job metrics; the cloudwatch:namespace condition scopes it instead.
     "cloudwatch:PutMetricData": f"no resource types ({SAR}amazoncloudwatch.html)",
     # SageMaker placing a job in the cluster subnet.
@@ -564,9 +580,24 @@ def test_instance_role_may_do_only_what_the_launcher_needs(built: BuiltApp) -> N
             {"Fn::GetAtt": [_lid(cluster, cluster.log_group), "Arn"]},
         ),
         _allow(
-            ["autoscaling:DescribeAutoScalingInstances", "ec2:DescribeInstances"],
+            [
+                "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:DescribeAutoScalingInstances",
+                "ec2:DescribeInstances",
+            ],
             "*",
             "PeerDiscovery",
+        ),
+        _allow(
+            [
+                "ssm:UpdateInstanceInformation",
+                "ssmmessages:CreateControlChannel",
+                "ssmmessages:CreateDataChannel",
+                "ssmmessages:OpenControlChannel",
+                "ssmmessages:OpenDataChannel",
+            ],
+            "*",
+            "SessionManager",
         ),
         _allow(
             [
@@ -598,10 +629,9 @@ def test_instance_role_may_do_only_what_the_launcher_needs(built: BuiltApp) -> N
             "Principal": {"Service": "ec2.amazonaws.com"},
         }
     ]
-    # Session Manager's AWS-maintained policy, and no other managed policy.
-    assert role["Properties"]["ManagedPolicyArns"] == [
-        {"Fn::Join": ["", ["arn:", PARTITION, ":iam::aws:policy/AmazonSSMManagedInstanceCore"]]}
-    ]
+    # No managed policy: AmazonSSMManagedInstanceCore would also allow ssm:GetParameter(s) on
+    # every parameter of the account.
+    assert "ManagedPolicyArns" not in role["Properties"]
 
 
 def test_sagemaker_role_is_as_narrow_as_the_job(built: BuiltApp) -> None:

@@ -9,11 +9,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import boto3
 import pytest
 from moto import mock_aws
@@ -301,6 +302,7 @@ def test_status_reads_the_record_where_the_pointer_says_and_shows_the_job(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    record_aws_calls: Callable[..., Path],
 ) -> None:
     from training.launcher.status import collect
 
@@ -331,6 +333,7 @@ def test_status_reads_the_record_where_the_pointer_says_and_shows_the_job(
     assert status.hosts[cluster["instance_id"]]["state"] == "running"
     # The command: the job id in the JSON and in the table's first line.
     spec_file = tmp_path / "one.toml"  # written by the cluster fixture
+    record_aws_calls(aws_calls.Names(cluster="one", checkpoint_bucket="ckpt"))
     assert main(["status", "--spec", str(spec_file), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["job"]["job_id"] == "j-20261122T100000-ab12"

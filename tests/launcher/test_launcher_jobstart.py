@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import boto3
 import pytest
 from moto import mock_aws
@@ -254,8 +255,12 @@ def test_a_spec_with_other_counts_than_the_deployed_one_is_refused(
 
 
 def test_the_command_prints_the_job_its_checkpoints_and_how_to_follow_it(
-    aws: dict[str, Any], spec_path: Path, capsys: pytest.CaptureFixture[str]
+    aws: dict[str, Any],
+    spec_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    record_aws_calls: Callable[..., Path],
 ) -> None:
+    record_aws_calls(aws_calls.Names(cluster="vit-test", checkpoint_bucket="ckpt"))
     assert main(["job", "start", "--spec", str(spec_path), "--fresh", "--region", REGION]) == 0
     pointer = read_job_pointer(aws["ssm"], NAME)
     assert pointer.job_id.startswith("j-") and pointer.job_id != OLD.job_id

@@ -7,12 +7,18 @@ interrupted with Ctrl-C (SIGINT).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import aws_calls
+import boto3
 import pytest
+from moto.server import ThreadedMotoServer
+from realdata import write_digits
 
 from training.common.outcome import EXIT_STOPPED
 
@@ -53,6 +59,12 @@ dir = "{checkpoints}"
 port = {port}
 workers_per_server = 1
 """
+
+S3_DATASET = """[job.dataset]
+source = "s3"
+path = "s3://data/digits/"
+image_size = 32
+num_classes = 10"""
 
 TRAINER_GROUP = """
 name = "local-test"
@@ -115,6 +127,46 @@ def test_heterogeneous_run_shuts_servers_down_and_leaves_nothing(tmp_path: Path)
     # Both servers exited 0 on their own: the trainer's Shutdown RPC reached them.
     assert set(summary["data_servers"].values()) == {0}
     assert summary["servers_stopped_by_trainer"] is True
+
+
+@pytest.mark.timeout(300)
+def test_heterogeneous_run_reads_an_s3_image_dataset(
+    tmp_path: Path, record_aws_calls: Callable[..., Path]
+) -> None:
+    """``source = "s3"``: the data servers list the prefix and read each image from (moto's) S3.
+    Their calls are recorded as the instance role's: on EC2 these processes run on the
+    cluster's instances and read the dataset with its grant."""
+    record_aws_calls(aws_calls.Names(cluster="local-test", dataset="s3://data/digits/"), "instance")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {
+            **os.environ,
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        }  # fmt: skip
+        s3 = boto3.client(
+            "s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        )  # fmt: skip
+        s3.create_bucket(Bucket="data")
+        digits = write_digits(tmp_path / "digits", size=32)
+        for path in sorted(digits.val_dir.rglob("*.png")):
+            key = f"digits/{path.relative_to(digits.val_dir).as_posix()}"
+            s3.put_object(Bucket="data", Key=key, Body=path.read_bytes())
+        spec = write_spec(tmp_path, steps=4, dataprep=True)
+        text = spec.read_text()
+        synthetic = text[text.index("[job.dataset]") :].split("\n\n")[0]
+        spec.write_text(text.replace(synthetic, S3_DATASET))
+        run_dir = tmp_path / "run"
+        result = run_watched(hetero_local(spec, run_dir), cwd=REPO, timeout_s=240, env=env)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.output
+    assert result.survivors() == []
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+    assert "s3://data/digits/" in result.output
 
 
 @pytest.mark.timeout(300)

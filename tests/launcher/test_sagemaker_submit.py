@@ -8,11 +8,12 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import boto3
 import pytest
 from botocore.config import Config
@@ -20,6 +21,7 @@ from botocore.exceptions import ParamValidationError
 from botocore.stub import Stubber
 
 from training import cli
+from training.common import call_log
 from training.sagemaker_submit import SageMakerRules, SubmitError, build_plan, submit
 from training.spec import load_spec
 
@@ -210,8 +212,15 @@ def _assert_all_answered(aws: Aws) -> None:
 
 
 def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
-    aws: Aws, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    aws: Aws,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    record_aws_calls: Callable[..., Path],
 ) -> None:
+    record_aws_calls(aws_calls.Names(cluster="vit-sm", checkpoint_bucket=BUCKET))
+    for client in (aws.cloudformation, aws.s3, aws.sagemaker):
+        call_log.attach(client)
     spec = _write(tmp_path, SPOT_SPEC)
     _expect_describe_stacks(aws)
     aws.stubs["s3"].add_response(

@@ -11,13 +11,17 @@ uncapped run's and every sample exactly once. Nothing is left running."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import pytest
 
+# Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
+pytestmark = pytest.mark.aws_calls
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "specs" / "rehearsal.toml"
 TIMEOUT_S = 420
@@ -50,9 +54,11 @@ def rehearse(spec_path: Path, out: Path, *args: str) -> dict[str, Any]:
             "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
         ],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
+        env={**os.environ, **aws_calls.recording_env(out / "aws-calls")},
     )  # fmt: skip
     context = f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     report: dict[str, Any] = json.loads((out / "rehearsal.json").read_text())
+    aws_calls.check(out / "aws-calls", aws_calls.rehearsal_names(spec_path))
     assert proc.returncode == 0 and report["failed_invariants"] == [], context
     return report
 

@@ -17,8 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import pytest
 
+# Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
+pytestmark = pytest.mark.aws_calls
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "specs" / "rehearsal.toml"
 ELASTIC_SPEC = REPO / "specs" / "rehearsal-elastic.toml"
@@ -36,9 +39,10 @@ def rehearse(
             "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
         ],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
-        env=None if env is None else {**os.environ, **env},
+        env={**os.environ, **aws_calls.recording_env(out / "aws-calls"), **(env or {})},
     )  # fmt: skip
     report = json.loads((out / "rehearsal.json").read_text())
+    aws_calls.check(out / "aws-calls", aws_calls.rehearsal_names(spec))
     return proc, report
 
 

