@@ -209,7 +209,8 @@ MUTANTS: tuple[Mutant, ...] = (
         _edit(
             CLUSTER,
             '                    "ec2:DescribeInstances",\n',
-            '                    "ec2:TerminateInstances",\n                    "ec2:DescribeInstances",\n',
+            '                    "ec2:TerminateInstances",\n'
+            '                    "ec2:DescribeInstances",\n',
         ),
     ),
     Mutant(
