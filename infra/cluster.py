@@ -18,7 +18,6 @@ from constructs import Construct
 
 from training.common.names import (
     CHECKPOINT_PREFIX,
-    METRICS_NAMESPACE,
     SAGEMAKER_JOB_PREFIX,
     SAGEMAKER_SPEC_CHANNEL,
     TAG_CLUSTER,
@@ -117,19 +116,6 @@ class CheckpointBucket(Construct):
                 conditions={"StringLike": {"s3:prefix": [self.prefix, f"{self.prefix}/*"]}},
             )
         )
-
-
-def _allow_put_metrics(role: iam.Role, namespaces: Sequence[str]) -> None:
-    # PutMetricData has no resource-level permissions: Resource must be "*"; the namespace
-    # condition is what scopes it.
-    role.add_to_policy(
-        iam.PolicyStatement(
-            sid="PutMetricsInOwnNamespace",
-            actions=["cloudwatch:PutMetricData"],
-            resources=["*"],
-            conditions={"StringEquals": {"cloudwatch:namespace": list(namespaces)}},
-        )
-    )
 
 
 def dataset_location(dataset_uri: str) -> tuple[str, str]:
@@ -372,7 +358,19 @@ class SageMakerExecutionRole(Construct):
                 resources=[training_logs],
             )
         )
-        _allow_put_metrics(self.role, [METRICS_NAMESPACE, "/aws/sagemaker/TrainingJobs"])
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SageMakerJobMetrics",
+                # SageMaker's own job metrics only: the trainer's metrics are EMF log events,
+                # which CloudWatch Logs turns into metrics without a PutMetricData of ours.
+                # No resource-level permissions: Resource must be "*"; the namespace scopes it.
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {"cloudwatch:namespace": ["/aws/sagemaker/TrainingJobs"]}
+                },
+            )
+        )
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="VpcNetworkInterfaces",

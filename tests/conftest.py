@@ -41,6 +41,8 @@ SLOW_FIRST = (
     "tests/infra/test_security_mutants.py",
     "tests/launcher/test_local_elastic.py",
     "tests/launcher/test_launcher_local_run.py",
+    "tests/launcher/test_sagemaker_run.py",
+    "tests/dataplane/test_shards_over_s3.py",
     "tests/trainer/test_checkpoint_s3.py",
     "tests/trainer/test_remote.py",
     "tests/trainer/test_distributed.py",

@@ -83,7 +83,7 @@ SAGEMAKER_STATEMENTS = {
     "SageMakerJobSpec": "SageMaker downloads the spec channel, sagemaker/<job>/spec/",
     "SageMakerJobListing": "SageMaker lists the spec channel",
     "TrainingJobLogs": "SageMaker writes the job's logs to /aws/sagemaker/TrainingJobs",
-    "PutMetricsInOwnNamespace": "SageMaker publishes the job's metrics",
+    "SageMakerJobMetrics": "SageMaker publishes the job's metrics",
     "VpcNetworkInterfaces": "SageMaker places the job's network interfaces in the subnet",
 }
 

@@ -30,7 +30,6 @@ from infra_support import (
 
 from infra.cluster import dataset_location
 from training.common.names import (
-    METRICS_NAMESPACE,
     SAGEMAKER_JOB_PREFIX,
     SAGEMAKER_SPEC_CHANNEL,
     TAG_CLUSTER,
@@ -669,13 +668,11 @@ def test_sagemaker_role_is_as_narrow_as_the_job(built: BuiltApp) -> None:
         _allow(
             ["cloudwatch:PutMetricData"],
             "*",
-            "PutMetricsInOwnNamespace",
+            "SageMakerJobMetrics",
             Condition={
                 "StringEquals": {
-                    "cloudwatch:namespace": [
-                        METRICS_NAMESPACE,
-                        "/aws/sagemaker/TrainingJobs",
-                    ]
+                    # SageMaker's alone: the trainer's metrics are EMF log events.
+                    "cloudwatch:namespace": ["/aws/sagemaker/TrainingJobs"]
                 }
             },
         ),

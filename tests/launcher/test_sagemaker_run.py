@@ -121,13 +121,12 @@ def test_a_sagemaker_job_trains_checkpoints_and_resumes_in_s3_with_the_execution
         aws_calls.Names(cluster="rehearsal", checkpoint_bucket=BUCKET, dataset=DATASET),
         "sagemaker",
     )
-    run_job(write_spec(tmp_path / "sm.toml", steps=8), url, tmp_path / "first")
+    run_job(write_spec(tmp_path / "sm.toml", steps=4), url, tmp_path / "first")
     keys = set(list_keys(client, BUCKET, PREFIX))
-    assert {f"{PREFIX}step-8/COMPLETE", f"{PREFIX}model/model.safetensors"} <= keys
+    assert {f"{PREFIX}step-4/COMPLETE", f"{PREFIX}model/model.safetensors"} <= keys
+    # SageMaker restarts the job (a Spot interruption): more steps, from step 4.
+    run_job(write_spec(tmp_path / "sm.toml", steps=8), url, tmp_path / "second")
+    keys = set(list_keys(client, BUCKET, PREFIX))
+    assert f"{PREFIX}step-8/COMPLETE" in keys
     assert not any(k.startswith(f"{PREFIX}step-4/") for k in keys)  # keep = 1
-    # SageMaker restarts the job (a Spot interruption): more steps, from step 8.
-    run_job(write_spec(tmp_path / "sm.toml", steps=12), url, tmp_path / "second")
-    keys = set(list_keys(client, BUCKET, PREFIX))
-    assert f"{PREFIX}step-12/COMPLETE" in keys
-    assert not any(k.startswith(f"{PREFIX}step-8/") for k in keys)
-    assert "(step 8)" in (tmp_path / "second" / "trainer.log").read_text()  # resumed from it
+    assert "(step 4)" in (tmp_path / "second" / "trainer.log").read_text()  # resumed from it
