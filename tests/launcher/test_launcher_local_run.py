@@ -115,22 +115,7 @@ def test_trainer_alone_runs_to_the_end_and_leaves_nothing(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(300)
-def test_heterogeneous_run_shuts_servers_down_and_leaves_nothing(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, steps=4, dataprep=True)
-    run_dir = tmp_path / "run"
-    result = run_watched(hetero_local(spec, run_dir), cwd=REPO, timeout_s=240)
-    assert result.returncode == 0, result.output
-    assert result.survivors() == []
-    summary = json.loads((run_dir / "local-run.json").read_text())
-    assert summary["trainer_exit_code"] == 0
-    assert len(summary["data_servers"]) == 2
-    # Both servers exited 0 on their own: the trainer's Shutdown RPC reached them.
-    assert set(summary["data_servers"].values()) == {0}
-    assert summary["servers_stopped_by_trainer"] is True
-
-
-@pytest.mark.timeout(300)
-def test_heterogeneous_run_reads_an_s3_image_dataset(
+def test_heterogeneous_run_reads_an_s3_dataset_shuts_servers_down_and_leaves_nothing(
     tmp_path: Path, record_aws_calls: Callable[..., Path]
 ) -> None:
     """``source = "s3"``: the data servers list the prefix and read each image from (moto's) S3.
@@ -167,6 +152,12 @@ def test_heterogeneous_run_reads_an_s3_image_dataset(
     assert result.survivors() == []
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
     assert "s3://data/digits/" in result.output
+    summary = json.loads((run_dir / "local-run.json").read_text())
+    assert summary["trainer_exit_code"] == 0
+    assert len(summary["data_servers"]) == 2
+    # Both servers exited 0 on their own: the trainer's Shutdown RPC reached them.
+    assert set(summary["data_servers"].values()) == {0}
+    assert summary["servers_stopped_by_trainer"] is True
 
 
 @pytest.mark.timeout(300)
