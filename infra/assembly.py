@@ -17,8 +17,6 @@ from training.spec import ClusterSpec
 
 @dataclass(frozen=True)
 class ClusterApp:
-    """The stacks built for one spec."""
-
     network: NetworkStack
     cluster: ClusterStack
     acknowledgments: list[NagAcknowledgment]

@@ -22,8 +22,6 @@ PRICES_REGION = "us-east-1"
 
 @dataclass(frozen=True, slots=True)
 class InstanceType:
-    """Facts about one EC2 instance type."""
-
     name: str
     vcpus: int
     memory_gib: float

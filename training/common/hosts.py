@@ -56,7 +56,6 @@ def cluster_instances(ec2: Any, cluster: str, *filters: dict[str, Any]) -> Itera
 
 
 def tag(instance: Mapping[str, Any], key: str) -> str | None:
-    """The value of the instance's tag ``key`` (None: no such tag)."""
     return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == key), None)
 
 

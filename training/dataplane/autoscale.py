@@ -156,8 +156,6 @@ class DataTierController:
         refused for a reason worth logging once), else None."""
         p = self.policy
         if self._changed_at is not None:
-            # After a change: wait until every server of the new count serves, then the
-            # cooldown, measuring nothing from before.
             if self._settled_at is None:
                 waited = obs.time - self._changed_at
                 if obs.serving != self.count and waited < p.settle_timeout_s:
@@ -188,7 +186,6 @@ class DataTierController:
         self._window.append(obs)
         if len(self._window) < p.window:
             return None
-        # Medians: one odd interval (an epoch's first batches, a slow range) decides nothing.
         wait = statistics.median(o.wait_share for o in self._window)
         known = [o.busy_share for o in self._window if o.busy_share is not None]
         busy = statistics.median(known) if known else None
@@ -221,8 +218,6 @@ class DataTierController:
         if wait < p.target_wait / 2 and n > p.min_count and busy is not None:
             target = max(p.min_count, math.ceil(serving * busy / p.max_busy))
         self._shrinks.append(target)
-        # Down only after ``window`` looks in a row want fewer, and then to what the last one
-        # wants: a look in the middle of a change of demand does not set the count.
         if len(self._shrinks) == p.window and max(self._shrinks) < n:
             assert busy is not None
             return self._change(

@@ -82,8 +82,6 @@ def check_address(address: str) -> str:
 
 
 class StaticServers:
-    """A fixed list of addresses."""
-
     def __init__(self, addresses: Sequence[str]) -> None:
         self._addresses = list(dict.fromkeys(check_address(a) for a in addresses if a.strip()))
 

@@ -149,7 +149,6 @@ def run_ec2(
     imds: ImdsClient,
     efa_env: Mapping[str, str],
 ) -> int:
-    """EC2: the generation loop of ``ec2_job`` (or, with ``--dry-run``, the first plan)."""
     try:
         identity = _ec2_identity(identity, imds)
     except ImdsError as e:

@@ -68,8 +68,6 @@ class JobStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class StartedJob:
-    """What ``start_job`` did."""
-
     pointer: JobPointer
     previous: JobPointer
     moved: tuple[str, ...]

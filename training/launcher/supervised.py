@@ -18,8 +18,6 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RoleEnd:
-    """How a role's processes ended."""
-
     codes: list[int | None]
     """Each process's exit code, in start order (None: still running when the wait gave up)."""
     outcome: Outcome | None = None

@@ -53,8 +53,6 @@ def shell_code(returncode: int) -> int:
 
 @dataclass
 class Child:
-    """One supervised process."""
-
     name: str
     popen: subprocess.Popen[bytes]
     stop_workers: bool = False

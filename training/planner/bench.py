@@ -1,9 +1,5 @@
 """``hetero bench``: measure this machine for the planner, and store the figures it prefers.
 
-    hetero bench --spec cluster.toml [--out benchmarks/results/throughput.json]
-                 [--trainer-cores 0] [--server-cores 1] [--steps 30] [--warmup 5]
-                 [--batches 60] [--instance-type TYPE|imds] [--only trainer|dataprep]
-
 Two measurements, one after the other, each with the spec's model, batch, precision, recipe and
 image size:
 

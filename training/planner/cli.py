@@ -1,10 +1,5 @@
 """``hetero plan``: choose the cluster by expected samples per dollar under preemption.
 
-    hetero plan --spec cluster.toml --out runs/plan [--offline] [--region R]
-                [--compare "4 x g5.xlarge spot" "1 x g5.12xlarge on-demand" ...]
-                [--samples N] [--write-spec FILE]
-                [--samples-to-target N | --from-run RUN/summary.json [--target T]]
-
 Writes OUT/plan.csv, OUT/plan.json and OUT/plan.png and prints the ranked table. With an
 accuracy target (its samples given, or read from a finished run's summary.json), every row also
 gets the expected hours and USD to reach it, and rows rank by that USD. Live prices

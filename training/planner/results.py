@@ -49,8 +49,6 @@ THROUGHPUT_FORMAT = "hetero-throughput-v1"
 
 @dataclass(frozen=True)
 class ThroughputResult:
-    """One measured trainer throughput."""
-
     instance_type: str | None
     device: str | None
     model: str

@@ -123,8 +123,6 @@ def watch_save(
 
 @dataclass
 class FaultRecord:
-    """What happened to one fault."""
-
     fault: Fault
     state: str = "pending"
     """``pending``, ``firing``, ``done`` or ``skipped``."""

@@ -61,7 +61,6 @@ def parse_spec(data: Mapping[str, Any], source: str = "cluster spec") -> Cluster
     with r.at("job"):
         job = _parse_job(r, r.table(data, "job"))
 
-    # Cross-field checks.
     if len(trainers) == 1:
         tg = trainers[0]
         world = tg.count * tg.ranks_per_instance

@@ -493,7 +493,6 @@ class Checkpointer:
         step and each host that cannot, rather than loading different steps or waiting."""
         store = self.store
         if store is None:
-            # Rank 0 picks the step; every host reads it in its own folder.
             found = self.from_rank0(
                 lambda: latest_complete(self.directory), f"listing checkpoints in {self.directory}"
             )

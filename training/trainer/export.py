@@ -75,8 +75,6 @@ MODEL_FOLDER = "model"
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What an export wrote."""
-
     out: str
     """The folder or ``s3://`` prefix that holds both files."""
     model_file: str
