@@ -48,7 +48,8 @@ lint: install
 
 # The tests run on every core (pytest-xdist); tests/conftest.py starts the longest first.
 test: install-dev lint
-	$(BIN)/pytest -n auto --dist worksteal --durations=10
+	$(BIN)/pytest -n auto --dist worksteal --durations=10 -m "not alone"
+	$(BIN)/pytest --durations=3 -m alone
 
 # Rebuild tests/aws_calls.json from every test that records AWS calls (marked aws_calls), then the
 # generated IAM section of docs/security.md from it (tests/aws_calls.py, tests/infra/iam_docs.py).
