@@ -52,7 +52,7 @@ S3_OBJECT_ACTIONS = {
 }
 S3_BUCKET_ACTIONS = {"ListObjectsV2": "s3:ListBucket", "ListObjects": "s3:ListBucket"}
 # botocore service name -> IAM service prefix, where they differ.
-IAM_PREFIX = {"cloudwatch": "cloudwatch", "service-quotas": "servicequotas"}
+IAM_PREFIX = {"service-quotas": "servicequotas"}
 # Calls that need no permission: "No permissions are required to perform this operation"
 # (https://docs.aws.amazon.com/STS/latest/APIReference/API_GetCallerIdentity.html).
 NO_PERMISSION = {("sts", "GetCallerIdentity")}
@@ -79,15 +79,16 @@ class Stack:
     bucket_policy: dict[str, Any]
     group_tags: dict[str, dict[str, str]]
     """Auto Scaling group name -> its tags (what ``aws:ResourceTag/...`` sees)."""
-    statement_of: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    @property
+    def dataset_bucket(self) -> str:
+        return (self.dataset or "s3://none/").removeprefix("s3://").partition("/")[0]
 
     def substitute(self, text: str) -> str:
-        dataset_bucket, _, dataset_root = (
-            (self.dataset or "s3://none/").removeprefix("s3://").partition("/")
-        )
+        dataset_root = (self.dataset or "s3://none/").removeprefix("s3://").partition("/")[2]
         for placeholder, value in {
             "{checkpoints}": self.checkpoint_bucket,
-            "{dataset}": dataset_bucket,
+            "{dataset}": self.dataset_bucket,
             "{dataset_root}/": dataset_root,
             "{cluster}": self.cluster,
             "{job}": JOB,

@@ -55,17 +55,13 @@ def build_stack(tmp: Path) -> Stack:
     return load_stack(built.cluster.to_json(), cluster=CLUSTER, dataset=DATASET_URI)
 
 
-def _dataset_bucket(stack: Stack) -> str:
-    return (stack.dataset or "s3://none/").removeprefix("s3://").partition("/")[0]
-
-
 def _general(request: Request, stack: Stack) -> tuple[str, str]:
     """(Sid, resource) of the user policy's statement for ``request``: one resource pattern per
     kind of resource, placeholders for what differs between deployments."""
     resource = request.resource
     if resource.startswith(_S3):
         bucket, slash, _ = resource.removeprefix(_S3).partition("/")
-        name = {stack.checkpoint_bucket: "Checkpoint", _dataset_bucket(stack): "Dataset"}[bucket]
+        name = {stack.checkpoint_bucket: "Checkpoint", stack.dataset_bucket: "Dataset"}[bucket]
         pattern = f"arn:aws:s3:::<{name}Bucket>"
         return (f"{name}Objects", pattern + "/*") if slash else (f"{name}Listing", pattern)
     if request.action == "iam:PassRole":
@@ -133,7 +129,7 @@ def instantiate(policy: Mapping[str, Any], stack: Stack, role_arn: str) -> dict[
         "<Account>": ACCOUNT,
         "<cluster>": stack.cluster,
         "<CheckpointBucket>": stack.checkpoint_bucket,
-        "<DatasetBucket>": _dataset_bucket(stack),
+        "<DatasetBucket>": stack.dataset_bucket,
         "<SageMakerRoleArn>": role_arn,
     }.items():
         text = text.replace(placeholder, value)
@@ -160,10 +156,8 @@ def allowed_by(
     """(call, request, simulator result) of every recorded call, each against the policies of
     its principal: the stack's roles, or the user policy."""
     pairs = [(c, r) for c in calls for r in requests(c, stack)]
-    sims = [
-        simulation(c["principal"], r, policies_of(c["principal"], calls, stack), stack)
-        for c, r in pairs
-    ]
+    policies = {p: policies_of(p, calls, stack) for p in {c["principal"] for c in calls}}
+    sims = [simulation(c["principal"], r, policies[c["principal"]], stack) for c, r in pairs]
     return [(c, r, res) for (c, r), res in zip(pairs, simulate(sims), strict=True)]
 
 

@@ -44,6 +44,7 @@ def attach(client: Any) -> Any:
     if not folder:
         return client
     principal = os.environ.get(ENV_PRINCIPAL) or "user"
+    os.makedirs(folder, exist_ok=True)
     service = client.meta.service_model.service_name
 
     def record(params: dict[str, Any], model: Any, **_: Any) -> None:
@@ -56,7 +57,6 @@ def attach(client: Any) -> Any:
         }
         # One write of one line to a file opened for appending: lines of concurrent threads
         # never interleave.
-        os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a", encoding="utf-8") as out:
             out.write(json.dumps(line, sort_keys=True) + "\n")
 
