@@ -123,6 +123,22 @@ def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
     return True
 
 
+def start_premade_server(
+    batch: int, size: int, num_samples: int
+) -> tuple[subprocess.Popen[str], str]:
+    """A data server process serving pre-made batches (``PremadeBatchSource``: the transport
+    without augmentation) of ``num_samples`` samples; the process and its address. It stops
+    on a Shutdown RPC."""
+    server = _child(["--serve-premade", str(batch), str(size), str(num_samples)])
+    assert server.stdout is not None
+    line = server.stdout.readline()
+    if not line.startswith("port "):
+        server.kill()
+        server.wait()
+        raise RuntimeError(f"the pre-made data server did not start: {line!r}")
+    return server, f"127.0.0.1:{int(line.split()[1])}"
+
+
 def measure_transport(
     batch: int, size: int, seconds: float, prefetch: int, chunk: int, streams: int = 1
 ) -> dict[str, float]:
@@ -130,13 +146,11 @@ def measure_transport(
     order through its reorder window of ``prefetch`` batches, over ``streams`` concurrent
     streams (each its own TCP connection)."""
     per_epoch = batch * chunk * 8
-    server = _child(["--serve-premade", str(batch), str(size), str(per_epoch)])
-    assert server.stdout is not None
+    server, address = start_premade_server(batch, size, per_epoch)
     client: DataPlaneClient | None = None
     try:
-        port = int(server.stdout.readline().split()[1])
         client = DataPlaneClient(
-            [f"127.0.0.1:{port}"],
+            [address],
             batch_size=batch,
             prefetch_batches=prefetch,
             chunk_batches=chunk,

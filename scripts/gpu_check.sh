@@ -2,6 +2,8 @@
 # The GPU checks in one go, on a host with a CUDA GPU and the project's dependencies importable
 # by $PYTHON (default python3), from the repository root:
 #   scripts/gpu_check.sh [OUT]    (OUT: where logs and results go; default runs/gpu-check)
+# GPU_CHECK_STEPS names the steps to run (default: all four, in this order); GPU_INPUT_ARGS
+# adds options to step 2 (for example "--before PATH").
 # 1. python -m benchmarks trainer_gpu: ViT-B/16 bf16, compile off/on, batch 256 and the largest
 #    that fits, against a bare timm + torch loop; writes benchmarks/results/trainer_gpu.json and
 #    the GPU's entry in benchmarks/results/throughput.json (what hetero plan reads);
@@ -18,9 +20,12 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 failed=0
 
+steps=" ${GPU_CHECK_STEPS:-trainer_gpu gpu_input tests learns} "
+
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
+    [[ $steps == *" $name "* ]] || return 0
     echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
     local started=$SECONDS
     timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
@@ -37,7 +42,8 @@ $py -c 'import torch, timm, grpc; print("torch", torch.__version__, "cuda", torc
 "timm", timm.__version__, "grpc", grpc.__version__, torch.cuda.get_device_name(0))'
 
 step trainer_gpu 270 $py -m benchmarks trainer_gpu
-step gpu_input 100 $py -m benchmarks gpu_input
+# shellcheck disable=SC2086 # GPU_INPUT_ARGS: words on purpose
+step gpu_input 330 $py -m benchmarks gpu_input ${GPU_INPUT_ARGS:-}
 step tests 80 $py -m pytest -q -p no:cacheprovider -rs tests/trainer/test_cuda.py \
     "tests/trainer/test_emf.py::test_gpu_utilisation_comes_from_nvml_on_a_gpu"
 step learns 90 $py -m pytest -q -p no:cacheprovider -rs --basetemp="$out/learns-tmp" \

@@ -16,14 +16,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
-from training.data import epoch_order
+from training.data import batch_seed, epoch_order
 from training.dataplane.server import (
+    PART_IMAGES,
     SERVICE_NAME,
     batch_memory_bytes,
     channel_options,
     create_server,
 )
-from training.dataplane.sources import AugmentingBatchSource, PremadeBatchSource
+from training.dataplane.sources import AugmentingBatchSource, BatchWork, PremadeBatchSource
 from training.dataplane.v1 import dataplane_pb2 as pb
 from training.dataplane.v1 import dataplane_pb2_grpc as pb_grpc
 from training.dataplane.wire import decode_batch
@@ -257,6 +258,50 @@ def test_worker_processes_augment_reproducibly() -> None:
         source.close()
     assert [b.pixels for b in first] == [b.pixels for b in second]
     assert first[0].pixels != first[1].pixels
+
+
+def test_a_big_batch_is_made_in_parts_by_all_the_workers() -> None:
+    """An 80-image batch goes to the workers as parts of 32, 32 and 16 positions, each seeded
+    by its first position: in two worker processes, its bytes are those of the three batches
+    of 32, 32 and 16 that start at the same positions."""
+    assert PART_IMAGES == 32
+    submitted: list[BatchWork] = []
+
+    class Recording(AugmentingBatchSource):
+        def submit(self, work: BatchWork):  # type: ignore[no-untyped-def]
+            submitted.append(work)
+            return super().submit(work)
+
+    source = Recording(
+        DatasetSpec(num_samples=96, num_classes=10, image_size=32), workers=2, processes=True
+    )
+    server, port = create_server(source, port=0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.DataPlaneStub(ch)
+            whole = list(stub.StreamBatches(
+                pb.StreamBatchesRequest(seed=4, epoch=1, start=8, stop=88, batch_size=80),
+                timeout=60,
+            ))  # fmt: skip
+            parts = submitted[:]
+            small = list(stub.StreamBatches(
+                pb.StreamBatchesRequest(seed=4, epoch=1, start=8, stop=88, batch_size=32),
+                timeout=60,
+            ))  # fmt: skip
+    finally:
+        server.stop(0).wait()
+        source.close()
+    order = epoch_order(4, 1, 96).tolist()
+    assert [(w.indices, w.rng_seed) for w in parts] == [
+        (tuple(order[8:40]), batch_seed(4, 1, 8)),
+        (tuple(order[40:72]), batch_seed(4, 1, 40)),
+        (tuple(order[72:88]), batch_seed(4, 1, 72)),
+    ]
+    assert [(b.position_start, b.position_stop) for b in whole] == [(8, 88)]
+    assert [(b.position_start, b.position_stop) for b in small] == [(8, 40), (40, 72), (72, 88)]
+    assert list(whole[0].shape) == [80, 3, 32, 32]
+    assert whole[0].pixels == b"".join(b.pixels for b in small)
+    assert list(whole[0].sample_ids) == [i for b in small for i in b.sample_ids] == order[8:88]
 
 
 def test_batch_of_only_unreadable_samples_is_still_sent(tmp_path: Path) -> None:

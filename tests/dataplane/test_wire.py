@@ -20,7 +20,7 @@ def samples(n: int = 3, size: int = 4) -> AugmentedSamples:
 
 def test_round_trip_keeps_every_field_and_views_the_bytes() -> None:
     s = samples()
-    data = encode_batch(s, 10, 14)
+    data = encode_batch([s], 10, 14)
     got = decode_batch(data)
     assert torch.equal(got.batch.images, torch.from_numpy(s.pixels))
     assert got.batch.labels.tolist() == s.labels.tolist()
@@ -31,9 +31,27 @@ def test_round_trip_keeps_every_field_and_views_the_bytes() -> None:
     assert base <= got.batch.images.data_ptr() < base + len(data)
 
 
+def test_parts_are_one_batch_in_their_order() -> None:
+    """A batch made in parts (one per worker) is the message of the parts joined, a part left
+    empty by skips included."""
+    s = samples(5)
+    empty = AugmentedSamples(
+        np.zeros((0, 3, 4, 4), np.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64), [7]
+    )
+    first = AugmentedSamples(s.pixels[:2], s.labels[:2], s.sample_ids[:2], [])
+    last = AugmentedSamples(s.pixels[2:], s.labels[2:], s.sample_ids[2:], [99])
+    got = decode_batch(encode_batch([first, empty, last], 10, 16))
+    assert torch.equal(got.batch.images, torch.from_numpy(s.pixels))
+    assert got.batch.sample_ids.tolist() == [10, 11, 12, 13, 14]
+    assert got.batch.labels.tolist() == s.labels.tolist()
+    assert (got.position_start, got.position_stop, got.skipped) == (10, 16, 2)
+    parsed = dataplane_pb2.Batch.FromString(encode_batch([first, empty, last], 10, 16))
+    assert list(parsed.skipped_ids) == [7, 99] and parsed.pixels == s.pixels.tobytes()
+
+
 def test_encoding_is_standard_protobuf_both_ways() -> None:
     s = samples()
-    parsed = dataplane_pb2.Batch.FromString(encode_batch(s, 0, 3))
+    parsed = dataplane_pb2.Batch.FromString(encode_batch([s], 0, 3))
     assert parsed.pixels == s.pixels.tobytes() and list(parsed.shape) == [3, 3, 4, 4]
     assert list(parsed.skipped_ids) == [99]
     # And a message from the generated serializer (pixels in the middle) decodes the same.
@@ -55,14 +73,14 @@ def test_empty_batch_after_skips() -> None:
     empty = AugmentedSamples(
         np.zeros((0, 3, 4, 4), np.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64), [5, 6]
     )
-    got = decode_batch(encode_batch(empty, 4, 6))
+    got = decode_batch(encode_batch([empty], 4, 6))
     assert len(got.batch) == 0 and got.skipped == 2 and got.position_stop == 6
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (encode_batch(samples(), 0, 3)[:-5], "runs past the end"),
+        (encode_batch([samples()], 0, 3)[:-5], "runs past the end"),
         (b"\x1a\xff\xff", "truncated or malformed varint"),
         (b"\x0f", "unsupported wire type"),
         (dataplane_pb2.Batch(shape=[1, 3, 2, 2], dtype="uint8").SerializeToString(), "needs 12"),

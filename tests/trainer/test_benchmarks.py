@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,20 +39,38 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
 
 
 def test_gpu_input_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "benchmarks", "gpu_input", "--device", "cpu", "--quick"]
+    """Every row runs: in memory, pre-made batches, augmenting servers, two servers, and two
+    servers importing ``training`` from ``--before`` (here a copy of this checkout's)."""
+    before = tmp_path / "before"
+    shutil.copytree(REPO / "training", before / "training")
+    cmd = [sys.executable, "-m", "benchmarks", "gpu_input", "--device", "cpu", "--quick",
+           "--before", str(before)]  # fmt: skip
     env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_input_cpu_smoke.json").read_text())
-    fed, synthetic = result["fed"], result["synthetic"]
-    assert result["server_exit_codes"] == [0]  # the trainer's Shutdown ended the server
-    assert fed["samples_per_s"] > 0 and synthetic["samples_per_s"] > 0
-    assert result["fed_over_synthetic"] == fed["samples_per_s"] / synthetic["samples_per_s"]
+    rows = result["rows"]
+    assert list(rows) == ["memory", "receive", "fed", "fed_2_big", "fed_2_big_before"]
+    assert rows["fed_2_big_before"]["package"] == str(before / "training" / "__init__.py")
+    # The trainer's Shutdown ended every server.
+    assert [rows[k]["exit_codes"] for k in list(rows)[1:]] == [[0], [0], [0, 0], [0, 0]]
+    assert [(rows[k]["servers"], rows[k]["workers_per_server"]) for k in list(rows)[1:]] == [
+        (1, 0),
+        (1, 1),
+        (2, 1),
+        (2, 1),
+    ]
+    assert (
+        rows["receive"]["dataplane"] == {"prefetch_batches": 8}
+        and rows["fed_2_big"]["dataplane"] == {}
+    )
     assert result["images_per_run"] == (1 + 3) * 8
-    for row in (fed, synthetic):
-        assert row["trainer_cpu_s"] > 0 and row["measured_steps"] == 3
+    for name, row in rows.items():
+        assert row["samples_per_s"] > 0 and row["trainer_cpu_s"] > 0 and row["measured_steps"] == 3
         per_image = row["trainer_cpu_s"] / result["images_per_run"] * 1e3
         assert row["trainer_cpu_ms_per_image"] == pytest.approx(per_image)
+        over = row["samples_per_s"] / rows["memory"]["samples_per_s"]
+        assert result["over_memory"][name] == pytest.approx(over)
 
 
 def test_checkpoint_benchmark_smoke(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ torch sees no CUDA device; run them on a GPU host with ``pytest tests/trainer/te
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ import pytest
 import torch
 
 from training.common.outcome import Outcome
+from training.dataplane.client import DataPlaneClient
+from training.dataplane.server import create_server
+from training.dataplane.sources import PremadeBatchSource
 from training.spec import parse_spec
 from training.trainer.config import TrainerConfig
 from training.trainer.stream import to_device
@@ -113,6 +117,37 @@ def test_batches_go_to_the_gpu_through_page_locked_memory_once(
     assert pinned == [(8, 3, 32, 32)]  # a pinned tensor is copied as it is
     torch.cuda.synchronize()
     assert out.device == device and torch.equal(out.cpu(), pageable)
+
+
+def test_data_plane_batches_arrive_page_locked_from_the_stream_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trainer on a GPU receives its batches already page-locked: the copy into page-locked
+    memory runs on the client's stream threads, not on the training thread."""
+    pinned_by: list[str] = []
+    real = torch.Tensor.pin_memory
+
+    def recording(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        pinned_by.append(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", recording)
+    source = PremadeBatchSource(64, image_size=32)
+    server, port = create_server(source, port=0)
+    try:
+        with (
+            DataPlaneClient([f"127.0.0.1:{port}"], batch_size=16, pin_memory=True) as pinned,
+            DataPlaneClient([f"127.0.0.1:{port}"], batch_size=16) as pageable,
+        ):
+            got = list(pinned.iter_epoch(0))
+            plain = list(pageable.iter_epoch(0))
+    finally:
+        server.stop(0).wait()
+    assert len(got) == 4 and all(b.images.is_pinned() for b in got)
+    assert not any(b.images.is_pinned() for b in plain)
+    assert [b.sample_ids.tolist() for b in got] == [b.sample_ids.tolist() for b in plain]
+    assert all(torch.equal(a.images, b.images) for a, b in zip(got, plain, strict=True))
+    assert len(pinned_by) == 4 and all(n.startswith("dataplane-") for n in pinned_by)
 
 
 def test_a_resumed_run_on_the_gpu_ends_with_the_uninterrupted_runs_weights(

@@ -238,6 +238,8 @@ class _EpochRun:
                         if k >= j or got != self.batches[k]:
                             expected = self.batches[k] if k < j else "the end of the range"
                             raise _ServerProblem(f"sent positions {got}, expected {expected}")
+                        if c.pin_memory:
+                            received = received.pinned()
                         with self.cond:
                             self.received[k] = received
                             self.client.batches_by_server[address] += 1
@@ -355,6 +357,9 @@ class DataPlaneClient:
     sample ``i`` (no shuffling; seed and epoch change nothing), ``num_samples`` is the servers'
     ``num_val_samples``, and servers without a validation set are not admitted. A pass over it
     is ``iter_epoch(epoch)``; ``rewind()`` makes the next one deliver the whole share again.
+
+    ``pin_memory`` (a trainer on a GPU): each stream's thread copies the images it receives
+    into page-locked memory, so the training thread's copy to the GPU needs no staging copy.
     """
 
     def __init__(
@@ -376,6 +381,7 @@ class DataPlaneClient:
         wait_for_data_s: float = 600.0,
         share: tuple[int, int] | None = None,
         split: Split | str = Split.TRAIN,
+        pin_memory: bool = False,
     ) -> None:
         self.split = parse_split(split)
         if isinstance(servers, str):
@@ -412,6 +418,7 @@ class DataPlaneClient:
         self.recipe = recipe
         self.image_size = image_size
         self.wait_for_data_s = wait_for_data_s
+        self.pin_memory = pin_memory
         self._pool = ServerPool(
             servers,
             refresh_s=refresh_s,

@@ -56,9 +56,16 @@ BATCH_MEMORY_FACTOR = 3
 # still there.
 _POLL_S = 0.25
 
+# A batch is made in parts of at most this many images, each by one worker and seeded by its
+# first position (``batch_seed``): a server's workers share a big batch (made whole by one
+# worker, a 256-image batch kept the others idle), and its bytes are the same whatever the
+# server's worker count.
+PART_IMAGES = 32
+
 # A batch under way in a stream: its positions [start, stop), its charge to the memory budget,
-# the worker's future, and when the throttle lets it go (None: no throttle).
-_Pending = tuple[int, int, int, futures.Future[AugmentedSamples], float | None]
+# the workers' futures (one per part, in order), and when the throttle lets it go (None: no
+# throttle).
+_Pending = tuple[int, int, int, list[futures.Future[AugmentedSamples]], float | None]
 
 _Request = TypeVar("_Request", bound=Message)
 
@@ -252,11 +259,11 @@ class DataPlaneServicer:
         holds of the memory budget, or None when the client went away meanwhile. (A function of
         its own so that the worker's result is freed when it returns: only the message stays
         alive while gRPC sends it.) With a throttle, the batch also waits for its time."""
-        start, stop, charge, future, ready_at = pending.popleft()
+        start, stop, charge, parts, ready_at = pending.popleft()
         deadline = time.monotonic() + self._batch_timeout_s
         # Waits in short steps: a stream whose client is gone stops at once (its ``finally``
         # cancels the batches queued for it) instead of when this batch is done.
-        while not futures.wait([future], timeout=_POLL_S).done:
+        while futures.wait(parts, timeout=_POLL_S).not_done:
             if not context.is_active():
                 return None
             if time.monotonic() > deadline:
@@ -264,7 +271,7 @@ class DataPlaneServicer:
                 log.error("%s", problem)
                 context.abort(grpc.StatusCode.INTERNAL, problem)
         try:
-            samples = future.result(timeout=0)
+            made = [part.result(timeout=0) for part in parts]
         except futures.CancelledError:
             # The source was closed under this stream: the server is stopping.
             context.abort(grpc.StatusCode.UNAVAILABLE, "the data server is stopping")
@@ -277,11 +284,10 @@ class DataPlaneServicer:
                 if not context.is_active():
                     return None
                 time.sleep(min(_POLL_S, left))
-        if samples.skipped_ids:
-            log.warning(
-                "skipped %d unreadable sample(s): %s", len(samples.skipped_ids), samples.skipped_ids
-            )
-        return encode_batch(samples, start, stop), charge
+        skipped = [i for part in made for i in part.skipped_ids]
+        if skipped:
+            log.warning("skipped %d unreadable sample(s): %s", len(skipped), skipped)
+        return encode_batch(made, start, stop), charge
 
     # ---- RPCs ----------------------------------------------------------------------------
 
@@ -352,33 +358,39 @@ class DataPlaneServicer:
                         if not self._wait_for_budget(charge, context):
                             return  # the client went away while this stream waited
                         held += charge
-                    work = BatchWork(
-                        indices=tuple(
-                            order[position:end].tolist() if order is not None
-                            else range(position, end)
-                        ),
-                        recipe=recipe,
-                        image_size=size,
-                        rng_seed=batch_seed(request.seed, request.epoch, position),
-                        split=split,
+                    indices = (
+                        order[position:end].tolist() if order is not None
+                        else range(position, end)
                     )  # fmt: skip
-                    # ``held`` already counts the charge: if submit raises, ``finally`` frees it.
-                    try:
-                        future = self._source.submit(work)
-                    except RuntimeError as e:
-                        # The worker pool broke (a worker died; the source starts a new pool)
-                        # or was shut down (the server is stopping): the client retries.
-                        context.abort(
-                            grpc.StatusCode.UNAVAILABLE,
-                            f"cannot make batch [{position}, {end}): {e or type(e).__name__}",
-                        )
-                    self._pool_load.track(future)
                     ready_at = (
                         self._throttle.reserve(end - position)
                         if self._throttle is not None
                         else None
                     )
-                    pending.append((position, end, charge, future, ready_at))
+                    parts: list[futures.Future[AugmentedSamples]] = []
+                    # Queued before its parts: if a submit raises, ``finally`` cancels those
+                    # already made and frees the charge ``held`` counts.
+                    pending.append((position, end, charge, parts, ready_at))
+                    for at in range(position, end, PART_IMAGES):
+                        work = BatchWork(
+                            indices=tuple(indices[at - position : at - position + PART_IMAGES]),
+                            recipe=recipe,
+                            image_size=size,
+                            rng_seed=batch_seed(request.seed, request.epoch, at),
+                            split=split,
+                        )
+                        try:
+                            part = self._source.submit(work)
+                        except RuntimeError as e:
+                            # The worker pool broke (a worker died; the source starts a new
+                            # pool) or was shut down (the server is stopping): the client
+                            # retries.
+                            context.abort(
+                                grpc.StatusCode.UNAVAILABLE,
+                                f"cannot make batch [{position}, {end}): {e or type(e).__name__}",
+                            )
+                        self._pool_load.track(part)
+                        parts.append(part)
                     position = end
                 encoded = self._encode_next(pending, context)
                 if encoded is None:
@@ -394,8 +406,9 @@ class DataPlaneServicer:
                 retained = charge
         finally:
             # Client went away or the stream failed: do not augment batches nobody will read.
-            for _, _, _, future, _ in pending:
-                future.cancel()
+            for _, _, _, parts, _ in pending:
+                for part in parts:
+                    part.cancel()
             if held:
                 self._budget.release(held)
 

@@ -14,8 +14,9 @@ client reads them (fields may come in any order), and ``decode_batch`` reads any
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ class WireError(ValueError):
     """Bytes that are not a well-formed ``Batch`` message."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ReceivedBatch:
     """A decoded message: the trainer's ``Batch`` and where it sits in the epoch."""
 
@@ -47,6 +48,14 @@ class ReceivedBatch:
     position_start: int
     position_stop: int
     skipped: int
+
+    def pinned(self) -> ReceivedBatch:
+        """This batch with its images copied into page-locked memory (needs a CUDA host): a
+        GPU then copies them straight from there, with no staging copy on the trainer's
+        thread."""
+        b = self.batch
+        images = b.images.pin_memory()
+        return dataclasses.replace(self, batch=Batch(images, b.labels, b.sample_ids))
 
 
 def _varint(value: int) -> bytes:
@@ -74,21 +83,27 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
-def encode_batch(samples: AugmentedSamples, position_start: int, position_stop: int) -> bytes:
-    """Serialize one batch as a ``Batch`` message, copying the pixels once."""
-    pixels = np.ascontiguousarray(samples.pixels, dtype=np.uint8)
+def encode_batch(
+    parts: Sequence[AugmentedSamples], position_start: int, position_stop: int
+) -> bytes:
+    """Serialize the ``parts`` of one batch, in order, as one ``Batch`` message, copying the
+    pixels once (straight from each part into the message)."""
+    pixels = [np.ascontiguousarray(p.pixels, dtype=np.uint8) for p in parts]
+    shape = (sum(len(p) for p in pixels), *pixels[0].shape[1:])
     header = dataplane_pb2.Batch(
-        shape=pixels.shape,
+        shape=shape,
         dtype="uint8",
-        labels=samples.labels.tolist(),
-        sample_ids=samples.sample_ids.tolist(),
+        labels=np.concatenate([p.labels for p in parts]).tolist(),
+        sample_ids=np.concatenate([p.sample_ids for p in parts]).tolist(),
         position_start=position_start,
         position_stop=position_stop,
-        skipped_ids=samples.skipped_ids,
+        skipped_ids=[i for p in parts for i in p.skipped_ids],
     ).SerializeToString()
-    if pixels.size == 0:
+    nbytes = sum(p.nbytes for p in pixels)
+    if nbytes == 0:
         return header
-    return b"".join((header, _PIXELS_TAG, _varint(pixels.nbytes), pixels.data.cast("B")))
+    views = [p.data.cast("B") for p in pixels if p.nbytes]
+    return b"".join((header, _PIXELS_TAG, _varint(nbytes), *views))
 
 
 def decode_batch(data: bytes) -> ReceivedBatch:

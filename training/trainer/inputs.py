@@ -151,8 +151,8 @@ class LocalBatches:
 def build_stream(
     config: TrainerConfig, *, rank: int, world_size: int, pin_memory: bool = False
 ) -> BatchStream:
-    """The input named by ``config.input`` for this rank (``pin_memory``: synthetic batches
-    made in page-locked memory, for a GPU)."""
+    """The input named by ``config.input`` for this rank (``pin_memory``: synthetic and
+    data-plane batches in page-locked memory, for a GPU)."""
     job = config.spec.job
     if config.input.kind is InputKind.SYNTHETIC:
         return SyntheticBatches(
@@ -168,4 +168,4 @@ def build_stream(
         )
     if config.input.kind is InputKind.LOCAL:
         return LocalBatches(job, rank=rank, world_size=world_size, epochs=config.epochs)
-    return DataPlaneBatches(config, rank=rank, world_size=world_size)
+    return DataPlaneBatches(config, rank=rank, world_size=world_size, pin_memory=pin_memory)

@@ -29,9 +29,10 @@ def dataplane_client(
     recipe: str,
     batch_size: int,
     split: str = "",
+    pin_memory: bool = False,
 ) -> DataPlaneClient:
     """A client over ``discovery`` with the spec's data-plane settings (training batches, or
-    with ``split="val"`` validation ones)."""
+    with ``split="val"`` validation ones; ``pin_memory``: received in page-locked memory)."""
     dp = config.spec.job.dataplane
     return DataPlaneClient(
         discovery,
@@ -46,20 +47,24 @@ def dataplane_client(
         recipe=recipe,
         image_size=config.model.image_size,
         split=split,
+        pin_memory=pin_memory,
     )
 
 
 class DataPlaneBatches:
     """This rank's share of each epoch, streamed from every data server discovery finds."""
 
-    def __init__(self, config: TrainerConfig, *, rank: int, world_size: int) -> None:
+    def __init__(
+        self, config: TrainerConfig, *, rank: int, world_size: int, pin_memory: bool = False
+    ) -> None:
+        """``pin_memory``: batches arrive in page-locked memory (a trainer on a GPU)."""
         job = config.spec.job
         dp = job.dataplane
         self.epochs = config.epochs
         self.discovery = parse_discovery(config.input.data_servers, config.spec)
         self.client = dataplane_client(
             config, self.discovery, recipe=encode_recipe(job.augmentation),
-            batch_size=config.batch_size,
+            batch_size=config.batch_size, pin_memory=pin_memory,
         )  # fmt: skip
         # Start with the servers that are up (a late one joins when healthy), waiting for the
         # first at most wait_for_data_s: a trainer that starts before its data tier waits.
