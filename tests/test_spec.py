@@ -221,6 +221,25 @@ def test_placement_warning_for_several_types_in_a_cluster_placement_group() -> N
     assert parse_spec(doc).trainer_group.placement_warning is None
 
 
+def test_window_warning_when_the_reorder_window_leaves_servers_idle() -> None:
+    """7 servers x 1 stream x 2 batches a range need a window of 14; the default 8 gives 4
+    ranges at once. An elastic group counts at its max_count."""
+    doc = spec_with()
+    doc["groups"][1]["count"] = 7
+    assert parse_spec(doc).window_warning == (
+        "job.dataplane.prefetch_batches = 8 lets at most 4 of the data tier's 7 streams "
+        "(7 server(s) at its largest x streams_per_server 1) have a range of chunk_batches = 2 "
+        "at once, so the others wait idle; set prefetch_batches = 14 (each trainer rank then "
+        "holds up to 17 MB of batches) or lower chunk_batches"
+    )
+    doc["job"] = {"batch_size": 8, "steps": 10, "dataplane": {"prefetch_batches": 14}}
+    assert parse_spec(doc).window_warning is None
+    assert parse_spec(spec_with()).window_warning is None  # 1 server x 2 <= 8
+    doc["groups"][1].update(count=1, min_count=1, max_count=5)
+    doc["job"]["dataplane"] = {"streams_per_server": 2, "prefetch_batches": 19}
+    assert "set prefetch_batches = 20 " in (parse_spec(doc).window_warning or "")
+
+
 def test_trainer_types_need_gpus_and_equal_gpu_counts() -> None:
     doc = spec_with()
     doc["groups"][0]["instance_types"] = ["c6i.4xlarge"]
@@ -594,3 +613,10 @@ def test_cli_check_shows_an_elastic_groups_min_max_beside_its_count(
     assert f"{load_spec(path).group('dataprep').count} (1-4)" in cells
     [trainer] = [line for line in out if "trainer" in line and "│" in line]
     assert "(" not in trainer.split("│")[4]  # a fixed group: its count alone
+    # 4 servers x 2 batches a range fill the default window of 8; a fifth would wait.
+    assert not [line for line in out if "prefetch_batches" in line]
+    path.write_text(text[:end] + "\nmin_count = 1\nmax_count = 5" + text[end:])
+    assert cli.main(["spec", "check", "--spec", str(path)]) == 0
+    warned = [line for line in capsys.readouterr().out.splitlines() if "prefetch_batches" in line]
+    assert warned == [f"warning: {load_spec(path).window_warning}"]
+    assert "set prefetch_batches = 10 " in warned[0]

@@ -60,4 +60,6 @@ def run(args: argparse.Namespace) -> int:
                 style="yellow",
                 markup=False,
             )
+    if spec.window_warning:
+        console.print(f"warning: {spec.window_warning}", style="yellow", markup=False)
     return 0

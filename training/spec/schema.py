@@ -426,6 +426,31 @@ class ClusterSpec:
         g = self.trainer_group
         return g.count * g.ranks_per_instance
 
+    @property
+    def window_warning(self) -> str | None:
+        """Why some data servers would get no work, or None: each trainer rank hands out
+        ranges of ``chunk_batches`` batches only inside its reorder window of
+        ``prefetch_batches`` (``training.dataplane.client``), so at most that many over
+        ``chunk_batches`` streams have a range at once; the data tier at its largest has more.
+        ``hetero spec check`` prints it; a warning, not an error."""
+        dp, job = self.job.dataplane, self.job
+        servers = sum(g.max_size * g.ranks_per_instance for g in self.dataprep_groups)
+        streams = servers * dp.streams_per_server
+        need = streams * dp.chunk_batches
+        if need <= dp.prefetch_batches:
+            return None
+        ranges = -(-dp.prefetch_batches // dp.chunk_batches)
+        size = job.dataset.image_size
+        mb = need * job.batch_size * 3 * size * size / 1e6
+        return (
+            f"job.dataplane.prefetch_batches = {dp.prefetch_batches} lets at most {ranges} of "
+            f"the data tier's {streams} streams ({servers} server(s) at its largest x "
+            f"streams_per_server {dp.streams_per_server}) have a range of chunk_batches = "
+            f"{dp.chunk_batches} at once, so the others wait idle; set prefetch_batches = "
+            f"{need} (each trainer rank then holds up to {mb:,.0f} MB of batches) or lower "
+            "chunk_batches"
+        )
+
     def usd_per_hour(self) -> float:
         """What the whole cluster costs per hour (every group, first listed type)."""
         return sum(
