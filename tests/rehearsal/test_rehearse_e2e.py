@@ -19,6 +19,7 @@ from typing import Any
 
 import aws_calls
 import pytest
+from made_once import made_once
 
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
 pytestmark = pytest.mark.aws_calls
@@ -76,11 +77,15 @@ def instance_logs(out: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("baseline") / "rehearsal"
-    proc, report = rehearse(out, "--no-baseline")
-    assert_clean_end(proc, report)
-    assert proc.returncode == 0, context(proc)
-    return out
+    """The uninterrupted rehearsal, made once per `make test` (``made_once``): the alone test
+    compares with the parallel run's."""
+
+    def make(folder: Path) -> None:
+        proc, report = rehearse(folder / "rehearsal", "--no-baseline")
+        assert_clean_end(proc, report)
+        assert proc.returncode == 0, context(proc)
+
+    return made_once("rehearsal-baseline", make, tmp_path_factory.mktemp("baseline")) / "rehearsal"
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)
