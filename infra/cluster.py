@@ -256,7 +256,9 @@ class InstanceRole(Construct):
                 # SetInstanceHealth: a launcher that cannot start its job loop marks its own
                 # instance Unhealthy, so the group replaces it
                 # (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_SetInstanceHealth.html).
-                # All five take the group as resource and aws:ResourceTag conditions
+                # PutScheduledUpdateGroupAction / DeleteScheduledAction: the budget's backstop,
+                # every group to zero at the deadline, deleted at job end (launcher/backstop.py).
+                # All seven take the group as resource and aws:ResourceTag conditions
                 # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html).
                 actions=[
                     "autoscaling:UpdateAutoScalingGroup",
@@ -264,6 +266,8 @@ class InstanceRole(Construct):
                     "autoscaling:CompleteLifecycleAction",
                     "autoscaling:TerminateInstanceInAutoScalingGroup",
                     "autoscaling:SetInstanceHealth",
+                    "autoscaling:PutScheduledUpdateGroupAction",
+                    "autoscaling:DeleteScheduledAction",
                 ],
                 resources=asg_arns,
                 conditions={"StringEquals": {f"aws:ResourceTag/{TAG_CLUSTER}": cluster_name}},

@@ -43,6 +43,7 @@ KEPT_PARAMS = frozenset(
         "Bucket", "Key", "Prefix", "Delimiter", "VersionId", "CopySource",
         "AutoScalingGroupName", "AutoScalingGroupNames", "InstanceId", "InstanceIds",
         "LifecycleHookName", "ShouldDecrementDesiredCapacity", "HealthStatus",
+        "ScheduledActionName",
         "DesiredCapacity", "MinSize", "MaxSize",
         "Filters", "Name", "Names", "Overwrite", "Type", "Path",
         "Namespace", "StackName", "TrainingJobName", "RoleArn", "logGroupName",

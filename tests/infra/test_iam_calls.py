@@ -200,6 +200,17 @@ def test_the_record_covers_every_path_that_calls_aws(
             AutoScalingGroupName="{cluster}-trainer",
             DesiredCapacity=0,
         ),
+        # The budget's backstop: every group to zero at the deadline, deleted at job end.
+        "budget backstop: PutScheduledUpdateGroupAction": _has(
+            instance,
+            "PutScheduledUpdateGroupAction",
+            AutoScalingGroupName="{cluster}-trainer",
+            ScheduledActionName="hetero-budget-deadline-{cluster}-trainer",
+            MaxSize=0,
+        ),
+        "budget backstop: DeleteScheduledAction": _has(
+            instance, "DeleteScheduledAction", AutoScalingGroupName="{cluster}-dataprep"
+        ),
         "job record": _has(instance, "PutObject", Key=job + "job/outcome.json"),
         # The boot watch: instances that shut themselves down.
         "boot watch": any(

@@ -616,6 +616,9 @@ def test_instance_role_scope(spot: BuiltApp) -> None:
     assert by_action["autoscaling:TerminateInstanceInAutoScalingGroup"] is scale
     # And a launcher that cannot start its loop marks its own instance Unhealthy.
     assert by_action["autoscaling:SetInstanceHealth"] is scale
+    # The budget's backstop: put on the same groups, deleted at job end.
+    assert by_action["autoscaling:PutScheduledUpdateGroupAction"] is scale
+    assert by_action["autoscaling:DeleteScheduledAction"] is scale
     # No PutMetricData: the trainer's metrics are EMF log events, which need logs:PutLogEvents
     # only. Peer discovery; image pull; logs.
     assert "cloudwatch:PutMetricData" not in by_action

@@ -601,6 +601,8 @@ def test_instance_role_may_do_only_what_the_launcher_needs(built: BuiltApp) -> N
         _allow(
             [
                 "autoscaling:CompleteLifecycleAction",
+                "autoscaling:DeleteScheduledAction",
+                "autoscaling:PutScheduledUpdateGroupAction",
                 "autoscaling:SetDesiredCapacity",
                 "autoscaling:SetInstanceHealth",
                 "autoscaling:TerminateInstanceInAutoScalingGroup",

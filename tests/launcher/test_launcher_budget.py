@@ -236,6 +236,59 @@ def test_without_a_cap_the_trainer_gets_no_limit(
     assert ENV_BUDGET_DEADLINE == "HETERO_BUDGET_DEADLINE"
 
 
+class RecordingClient:
+    """The client's calls in order (operation, parameters), then the call itself."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.inner, name)
+
+        def call(**params: Any) -> Any:
+            self.calls.append((name, params))
+            return real(**params)
+
+        return call
+
+
+@pytest.mark.parametrize("cap", ["max_hours = 1", ""])
+def test_a_capped_jobs_launcher_schedules_every_group_to_zero_and_its_end_deletes_it(
+    cluster: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    fake_imds: FakeImds,
+    cap: str,
+) -> None:
+    """The budget's backstop: with a cap, the launcher puts a scheduled action at the job's
+    deadline on every group (every size 0), and the job's end deletes them after scaling to
+    zero; without one, neither call is made."""
+    started = time.time() - 10
+    JobRecord(URI).started(started)
+    job, _ = budget_job(cluster, tmp_path, fake_imds, cap)
+    job.autoscaling = recording = RecordingClient(cluster["asg"])
+    assert job.run() == EXIT_FINISHED
+    backstop = [
+        (op, params) for op, params in recording.calls if "scheduled" in op.lower()
+        or (op == "update_auto_scaling_group" and params["AutoScalingGroupName"] == "one-dataprep")
+    ]  # fmt: skip
+    if not cap:
+        scaled = {"AutoScalingGroupName": "one-dataprep", "MinSize": 0, "DesiredCapacity": 0}
+        assert backstop == [("update_auto_scaling_group", scaled)]
+        return
+    puts = [params for op, params in backstop if op == "put_scheduled_update_group_action"]
+    assert [p["AutoScalingGroupName"] for p in puts] == ["one-trainer", "one-dataprep"]
+    for p in puts:
+        assert p["ScheduledActionName"] == f"hetero-budget-deadline-{p['AutoScalingGroupName']}"
+        assert (p["MinSize"], p["MaxSize"], p["DesiredCapacity"]) == (0, 0, 0)
+        assert p["StartTime"].timestamp() == pytest.approx(started + 3600, abs=1e-3)
+    assert [op for op, _ in backstop[2:]] == [
+        "update_auto_scaling_group", "delete_scheduled_action", "delete_scheduled_action",
+    ]  # fmt: skip
+    left = cluster["asg"].describe_scheduled_actions()["ScheduledUpdateGroupActions"]
+    assert left == []
+
+
 # -- hetero job start --resume after a budget stop (moto: SSM, S3, Auto Scaling) ---------------
 
 

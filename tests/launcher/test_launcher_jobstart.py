@@ -18,6 +18,7 @@ from moto import mock_aws
 
 from training.cli import main
 from training.common.jobparam import JobParameterNotFound, JobPointer, read_job_pointer
+from training.launcher.backstop import put_backstop
 from training.launcher.jobstart import JobStartError, group_sizes, start_job
 from training.spec import ClusterSpec
 
@@ -211,6 +212,14 @@ def test_the_exact_writes_in_order_record_then_pointer_then_groups(
             "put_parameter",
             {"Name": NAME, "Value": pointer.to_json(), "Type": "String", "Overwrite": True},
         ),
+        *[
+            (
+                "autoscaling",
+                "delete_scheduled_action",
+                {"AutoScalingGroupName": g, "ScheduledActionName": f"hetero-budget-deadline-{g}"},
+            )
+            for g in ("vit-test-trainer", "vit-test-dataprep")
+        ],
         (
             "autoscaling",
             "update_auto_scaling_group",
@@ -232,6 +241,28 @@ def test_the_exact_writes_in_order_record_then_pointer_then_groups(
             },
         ),
     ]
+
+
+def test_groups_the_budget_backstop_stopped_start_again_without_its_deadline(
+    aws: dict[str, Any], spec: ClusterSpec
+) -> None:
+    """The earlier job's scheduled action ran (every group at 0/0/0) or is still pending on a
+    group (its launchers could not end the job): the new job starts the groups at their sizes
+    and deletes what is left, so the old deadline cannot stop it."""
+    asg = aws["asg"]
+    asg.update_auto_scaling_group(
+        AutoScalingGroupName="vit-test-trainer", MinSize=0, MaxSize=0, DesiredCapacity=0
+    )
+    later = datetime(2027, 1, 1, tzinfo=UTC)
+    put_backstop(asg, ["vit-test-dataprep"], later.timestamp(), now=NOW.timestamp())
+    start(aws, spec)
+    assert sizes(asg) == {"vit-test-trainer": (0, 2, 2), "vit-test-dataprep": (0, 2, 2)}
+    assert (
+        asg.describe_scheduled_actions(AutoScalingGroupName="vit-test-dataprep")[
+            "ScheduledUpdateGroupActions"
+        ]
+        == []
+    )
 
 
 def test_no_parameter_means_deploy_first(aws: dict[str, Any], spec: ClusterSpec) -> None:

@@ -7,6 +7,7 @@ import ipaddress
 from pathlib import Path
 
 from training.common.names import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
+from training.launcher.backstop import action_name, put_backstop, remove_backstop
 from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator
 from training.spec import load_spec
 
@@ -129,3 +130,39 @@ def test_an_instance_marked_unhealthy_is_replaced(aws: AwsEmulator, small_spec: 
     running = [i.instance_id for i in aws.instances("tiny") if i.state == "running"]
     assert trainers[0] in running and trainers[1] not in running and len(running) == 3
     assert aws.replace_unhealthy(names) == []  # once
+
+
+def test_the_budget_backstop_is_put_replaced_run_at_its_time_and_removed(
+    aws: AwsEmulator, small_spec: Path
+) -> None:
+    """The launcher's scheduled action (``backstop``) on moto's Auto Scaling, and the emulator
+    running it as Auto Scaling does: every group to 0/0/0 at the deadline, then gone."""
+    names = aws.provision(load_spec(small_spec))
+    autoscaling = aws.client("autoscaling")
+    groups = list(names.asg_names.values())
+    now = 1_900_000_000.0
+    assert put_backstop(autoscaling, groups, now + 30, now=now) == []  # too close: AWS refuses
+    assert aws.scheduled_actions(names) == []
+    assert put_backstop(autoscaling, groups, now + 3600, now=now) == groups
+    # A resumed job's launchers put it again: the same action, at the new deadline.
+    assert put_backstop(autoscaling, groups, now + 7200.5, now=now) == groups
+    expected = [
+        {"group": g, "name": action_name(g), "start": now + 7200.5, "MinSize": 0, "MaxSize": 0,
+         "DesiredCapacity": 0}
+        for g in groups
+    ]  # fmt: skip
+    actions = aws.scheduled_actions(names)
+    assert actions == expected
+    assert aws.run_scheduled_actions(actions, now=now + 7200) == []  # not yet
+    assert aws.desired_capacities(names) == {"tiny-trainer": 2, "tiny-dataprep": 1}
+    assert aws.run_scheduled_actions(actions, now=now + 7201) == expected
+    assert aws.desired_capacities(names) == {"tiny-trainer": 0, "tiny-dataprep": 0}
+    assert {aws.max_size(g) for g in groups} == {0}
+    assert [i.instance_id for i in aws.instances("tiny") if i.state == "running"] == []
+    assert aws.scheduled_actions(names) == []  # a one-time action is gone once it ran
+
+    # The job's end deletes it; a group without one is no error.
+    put_backstop(autoscaling, groups, now + 3600, now=now)
+    assert remove_backstop(autoscaling, groups) == groups
+    assert aws.scheduled_actions(names) == []
+    assert remove_backstop(autoscaling, groups) == []

@@ -20,6 +20,8 @@ from typing import Any
 import aws_calls
 import pytest
 
+from training.spec import load_spec
+
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
 pytestmark = pytest.mark.aws_calls
 REPO = Path(__file__).resolve().parents[2]
@@ -97,3 +99,18 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     assert set(report["groups_desired_at_end"].values()) == {0}
     assert report["instances_running_at_end"] == []
     assert report["processes_left"] == []
+
+    # The budget's backstop (launcher/backstop.py): the first job's deadline (3 s) was too close
+    # to schedule; the continued job's launchers gave each group an action at its deadline (the
+    # job's start, to the second, plus RESUMED_MAX_USD at the cluster's price), every group to
+    # 0; none ran, and the job's end deleted them (no_scheduled_action_left). The pointer's
+    # start is taken when `hetero job start` runs, before its event is logged.
+    actions = [e["data"] for e in report["events"] if e["kind"] == "scheduled-action"]
+    hours = RESUMED_MAX_USD / load_spec(capped_spec).usd_per_hour()
+    assert sorted(a["group"] for a in actions) == ["rehearsal-dataprep", "rehearsal-trainer"]
+    for a in actions:
+        assert a["name"] == f"hetero-budget-deadline-{a['group']}"
+        assert (a["MinSize"], a["MaxSize"], a["DesiredCapacity"]) == (0, 0, 0)
+        assert start["wall"] - 30 <= a["start"] - hours * 3600 <= start["wall"] + 1, (a, start)
+    assert not [e for e in report["events"] if e["kind"] == "scheduled-action-run"]
+    assert report["invariants"]["no_scheduled_action_left"]["ok"]

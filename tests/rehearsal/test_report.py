@@ -21,6 +21,7 @@ GOOD: dict[str, Any] = {
     "faults": [{"fault": "interrupt trainer:1@6", "state": "done"}],
     "groups_desired_at_end": {"rehearsal-trainer": 0, "rehearsal-dataprep": 0},
     "instances_running_at_end": [],
+    "scheduled_actions_at_end": [],
     "processes_left": [],
     "final_step": SPEC.job.total_steps,
     "samples": [{"epoch": 0, "lost": 0, "repeated": 0, "unplanned": 0}],
@@ -49,6 +50,17 @@ def test_a_good_run_passes_every_invariant() -> None:
         ("faults", [{"fault": "x", "state": "pending"}], "faults_applied"),
         ("groups_desired_at_end", {"rehearsal-trainer": 1}, "groups_at_zero"),
         ("instances_running_at_end", ["i-1"], "groups_at_zero"),
+        (
+            "scheduled_actions_at_end",
+            [
+                {
+                    "group": "rehearsal-trainer",
+                    "name": "hetero-budget-deadline-rehearsal-trainer",
+                    "start": 1.0,
+                }
+            ],
+            "no_scheduled_action_left",
+        ),
         ("processes_left", [{"pid": 1, "cmdline": "python"}], "no_processes_left"),
         ("final_step", 20, "final_step"),
         (

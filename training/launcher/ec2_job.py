@@ -51,7 +51,7 @@ from training.common.jobparam import JobWatch
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_LIFECYCLE_HOOK
 from training.common.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, Outcome
-from training.launcher import job_end, roles
+from training.launcher import backstop, job_end, roles
 from training.launcher.budget import Budget, JobClock
 from training.launcher.ec2_watches import Ec2Watches
 from training.launcher.group import GroupIdentity
@@ -130,6 +130,9 @@ class Ec2Job:
         )
         self.ended_job = False
         """True once this host ended the job (outcome recorded, every group scaled to zero)."""
+        self.backstop_put = False
+        """True once this host scheduled every group to 0 at the budget's deadline
+        (``backstop``), or found that there is none to schedule."""
         self.budget = Budget.of(spec, job_watch.pointer if job_watch else None)
         self.clock = JobClock(
             self.budget,
@@ -192,6 +195,7 @@ class Ec2Job:
                 return over.exit_code
             if self.signals.leaving:
                 return self._leave()
+            self._put_backstop()
             membership: Membership | None = None
             if self.group.role is Role.TRAINER:
                 try:
@@ -307,6 +311,24 @@ class Ec2Job:
         self.host.set(state=f"generation-{outcome.value}", reason=reason)
         return GenerationResult(outcome, reason)
 
+    def _put_backstop(self) -> None:
+        """Once the job's start is known: every group to 0 at the budget's deadline
+        (``backstop.put_backstop``), on every host (the same action each time). Tried again
+        next pass when the start or AWS could not be reached."""
+        if self.backstop_put or not self.asg_names or not self.budget.capped:
+            return
+        started = self.clock.job_start()
+        if started is None:
+            return
+        deadline = self.budget.deadline(started)
+        if deadline is not None:
+            try:
+                backstop.put_backstop(self.autoscaling, self.asg_names, deadline)
+            except Exception as e:
+                log.warning("the budget's scheduled action is not in place yet: %s", e)
+                return
+        self.backstop_put = True
+
     # -- endings -----------------------------------------------------------------------------
 
     def _end_for_budget(self) -> int:
@@ -355,6 +377,7 @@ class Ec2Job:
                 by=self.instance_id,
                 autoscaling=self.autoscaling,
                 asg_names=self.asg_names,
+                backstop=self.budget.capped,
             )
         except Exception as e:
             log.error("could not end the job: %s", e)

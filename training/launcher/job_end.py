@@ -15,6 +15,7 @@ from botocore.exceptions import ClientError
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_ASG_NAMES
 from training.common.outcome import Outcome
+from training.launcher.backstop import remove_backstop
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,12 @@ def end_job(
     by: str,
     autoscaling: Any | None,
     asg_names: Sequence[str],
+    backstop: bool = False,
 ) -> None:
     """End the job for everyone: record the outcome first (a host starting later sees it and
-    does not run), then scale every group to zero. Safe to call from several hosts: the first
-    recorded outcome stays, and scaling to zero twice is harmless."""
+    does not run), then scale every group to zero and, for a job with a budget (``backstop``),
+    delete the budget's scheduled action (``training.launcher.backstop``). Safe to call from
+    several hosts: the first recorded outcome stays, and scaling to zero twice is harmless."""
     if record is not None:
         try:
             record.end(outcome, reason=reason, by=by)
@@ -74,7 +77,11 @@ def end_job(
         return
     if autoscaling is None:
         raise ValueError("an Auto Scaling client is needed to scale the groups to zero")
-    scale_to_zero(autoscaling, asg_names)
+    try:
+        scale_to_zero(autoscaling, asg_names)
+    finally:
+        if backstop:  # else it would stop a later job that has no budget at this one's deadline
+            remove_backstop(autoscaling, asg_names)
 
 
 def complete_lifecycle_action(

@@ -16,14 +16,17 @@ groups back at their counts:
 4. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
    (pointer first: an instance that starts must read the new job); an elastic dataprep group
    (``min_count``/``max_count``) gets ``MinSize=min_size, MaxSize=max_size,
-   DesiredCapacity=count``, the sizes the stack gives it (``group_sizes``).
+   DesiredCapacity=count``, the sizes the stack gives it (``group_sizes``). An earlier job's
+   budget backstop (``backstop.py``) is deleted first; a group it set to ``MaxSize=0`` counts as
+   the deployed spec's.
 
 Instances still running the old job (``--force``) read the pointer at least every
 ``--job-poll`` seconds: they stop the old job's role (the trainer checkpoints) and start again
 on the new job; they never end the old job or scale its groups down (``ec2_job.py``).
 
 The caller's credentials need ``ssm:GetParameter`` and ``ssm:PutParameter`` on the parameter,
-``autoscaling:DescribeAutoScalingGroups`` and ``autoscaling:UpdateAutoScalingGroup``, and on
+``autoscaling:DescribeAutoScalingGroups``, ``autoscaling:UpdateAutoScalingGroup`` and
+``autoscaling:DeleteScheduledAction``, and on
 the checkpoint bucket ``s3:ListBucket``, ``s3:GetObject``, ``s3:PutObject`` and
 ``s3:DeleteObject`` (``--resume`` moves the record).
 """
@@ -49,6 +52,7 @@ from training.common.jobparam import (
 )
 from training.common.names import asg_name, job_parameter_name
 from training.common.s3 import list_keys, parse_s3_uri, s3_uri
+from training.launcher.backstop import remove_backstop
 from training.spec import ClusterSpec, InstanceGroup, load_spec
 
 log = logging.getLogger(__name__)
@@ -118,12 +122,13 @@ def check_groups(
             f"spec first (npx cdk deploy --all -c spec={spec_path}), or pass the deployed spec"
         )
     # The stack sets MaxSize to the spec's count (an elastic group's: max_count) and job end
-    # leaves it: another means another spec than the deployed one (whose copy the instances run).
+    # leaves it; the budget's backstop sets it to 0 (``backstop``). Another value means another
+    # spec than the deployed one (whose copy the instances run).
     other = [
         f"{names[g.name]} (MaxSize {by_name[names[g.name]]['MaxSize']}, spec "
         + (f"max_count {g.max_size})" if g.elastic else f"count {g.count})")
         for g in spec.groups
-        if by_name[names[g.name]]["MaxSize"] != g.max_size
+        if by_name[names[g.name]]["MaxSize"] not in (0, g.max_size)
     ]
     if other:
         raise JobStartError(
@@ -229,6 +234,9 @@ def start_job(
     log.info("job pointer %s: %s", name, pointer.to_json())
     sizes = {asg_name(spec.name, g.name): group_sizes(g) for g in spec.groups}
     groups = tuple((asg, desired) for asg, (_, _, desired) in sizes.items())
+    # An earlier job's budget deadline, left when its launchers could not end it, must not stop
+    # this one: its launchers schedule their own where it has a budget.
+    remove_backstop(autoscaling, list(sizes))
     failed = []
     for asg, (low, high, desired) in sizes.items():
         try:

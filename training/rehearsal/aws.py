@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -328,6 +329,38 @@ class AwsEmulator:
         for instance_id in replaced:
             self.terminate_in_group(instance_id, decrement=False)
         return replaced
+
+    def scheduled_actions(self, names: ClusterNames) -> list[dict[str, Any]]:
+        """The cluster's groups' scheduled actions that have not run: group, name, start time
+        (epoch seconds) and the sizes each sets."""
+        client = self.client("autoscaling")
+        found = []
+        for asg in names.asg_names.values():
+            for a in client.describe_scheduled_actions(AutoScalingGroupName=asg)[
+                "ScheduledUpdateGroupActions"
+            ]:
+                sizes = {k: a[k] for k in ("MinSize", "MaxSize", "DesiredCapacity") if k in a}
+                found.append({"group": asg, "name": a["ScheduledActionName"],
+                              "start": a["StartTime"].timestamp(), **sizes})  # fmt: skip
+        return found
+
+    def run_scheduled_actions(
+        self, actions: list[dict[str, Any]], now: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Auto Scaling's part of one-time scheduled actions (``scheduled_actions``; moto
+        stores them and runs none): one whose start time has come sets the sizes it names on
+        its group, and is gone after (DescribeScheduledActions lists the actions that have not
+        run). Returns those run."""
+        now = time.time() if now is None else now
+        client = self.client("autoscaling")
+        due = [a for a in actions if a["start"] <= now]
+        for a in due:
+            sizes = {k: a[k] for k in ("MinSize", "MaxSize", "DesiredCapacity") if k in a}
+            client.update_auto_scaling_group(AutoScalingGroupName=a["group"], **sizes)
+            client.delete_scheduled_action(
+                AutoScalingGroupName=a["group"], ScheduledActionName=a["name"]
+            )
+        return due
 
     def read_object(self, bucket: str, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist (404, or a 403 whose exact-key

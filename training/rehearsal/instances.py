@@ -326,6 +326,7 @@ class GroupSimulator(threading.Thread):
         self._runs: dict[str, InstanceRun] = {}
         self._order: dict[str, list[str]] = {}
         self._stopped = threading.Event()
+        self._actions_seen: set[tuple[str, str, float]] = set()
         self.errors = 0
         self.on_worker_started: Callable[[InstanceRun, int], None] | None = None
         self.launch_fault: Callable[[str, int, str], FaultKind | None] | None = None
@@ -365,6 +366,7 @@ class GroupSimulator(threading.Thread):
                     self._terminate(run, "moto no longer lists it")
                 if not run.terminated:
                     self._track(run)
+            self._scheduled_actions()
             # Auto Scaling's answer to SetInstanceHealth Unhealthy: terminate and replace.
             for instance_id in self.aws.replace_unhealthy(self.ctx.names):
                 run = self._runs.get(instance_id)
@@ -375,6 +377,18 @@ class GroupSimulator(threading.Thread):
                     "replacement",
                     instance=instance_id,
                 )
+
+    def _scheduled_actions(self) -> None:
+        """Each scheduled action once when first seen, then run as Auto Scaling does when its
+        time comes (``AwsEmulator.run_scheduled_actions``)."""
+        actions = self.aws.scheduled_actions(self.ctx.names)
+        for a in actions:
+            key = (a["group"], a["name"], a["start"])
+            if key not in self._actions_seen:
+                self._actions_seen.add(key)
+                self.events.add("scheduled-action", f"{a['group']}: {a['name']}", **a)
+        for a in self.aws.run_scheduled_actions(actions):
+            self.events.add("scheduled-action-run", f"{a['group']}: {a['name']} ran", **a)
 
     # -- instances ---------------------------------------------------------------------------
 

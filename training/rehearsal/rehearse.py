@@ -231,6 +231,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["end_reason"], facts["timed_out"] = end_reason, timed_out
         facts["stopped_jobs"] = stopped_jobs
         facts["groups_desired_at_end"] = aws.desired_capacities(names)
+        facts["scheduled_actions_at_end"] = aws.scheduled_actions(names)
         facts["instances_running_at_end"] = [
             i.instance_id for i in aws.instances(names.cluster) if i.state == "running"
         ]

@@ -66,6 +66,11 @@ def invariants(
         all(v == 0 for v in desired.values()) and not running,
         f"desired {desired}; {len(running)} instance(s) running",
     )
+    # The job's end deletes the budget's scheduled action (launcher/backstop.py) from every group.
+    actions = facts.get("scheduled_actions_at_end", [])
+    out["no_scheduled_action_left"] = _check(
+        not actions, f"{len(actions)} left: {[(a['group'], a['name']) for a in actions]}"
+    )
     fates = facts.get("launch_faults", [])
     if fates:
         stuck = [

@@ -1,0 +1,94 @@
+"""The budget's backstop: a scheduled action on every group of the job that sets MinSize, MaxSize
+and DesiredCapacity to 0 at the budget's deadline, so the cap holds when no launcher is left to
+end the job (every one killed, hung, or gone with its instance). Auto Scaling runs it whatever
+the instances do; a termination lifecycle hook still gives a running trainer its time to save.
+
+Every launcher puts it once it knows the job's start (``PutScheduledUpdateGroupAction`` creates
+or updates the action of that name: hosts that put it again change nothing, and the launchers
+of a new job, ``hetero job start --resume`` included, move it to that job's deadline); the host
+that ends the job deletes it (``job_end.end_job``). AWS refuses a start time in the past
+(https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_PutScheduledUpdateGroupAction.html),
+so a deadline less than ``MIN_LEAD_S`` away is not put: the launchers end such a job themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+log = logging.getLogger(__name__)
+
+ACTION_PREFIX = "hetero-budget-deadline-"
+"""Each group's scheduled action is this and the group's name (one per group: a new job's
+replaces it; named apart although AWS scopes names to their group, as moto, which the
+rehearsal runs on, keys them by name alone)."""
+MIN_LEAD_S = 60.0
+"""A deadline closer than this is not scheduled (AWS refuses start times in the past)."""
+
+
+def action_name(asg_name: str) -> str:
+    """The backstop's scheduled action on the group ``asg_name``."""
+    return ACTION_PREFIX + asg_name
+
+
+def put_backstop(
+    autoscaling: Any, asg_names: Sequence[str], deadline: float, *, now: float | None = None
+) -> list[str]:
+    """Schedule every named group to 0 at ``deadline`` (epoch seconds); returns the groups
+    scheduled (none when the deadline is under ``MIN_LEAD_S`` away). Raises the first error
+    after trying every group."""
+    now = time.time() if now is None else now
+    if deadline - now < MIN_LEAD_S:
+        log.info("budget deadline %.0f s away: no scheduled action (the launchers end the job)",
+                 deadline - now)  # fmt: skip
+        return []
+    start = datetime.fromtimestamp(deadline, UTC)
+    scheduled: list[str] = []
+    errors: list[Exception] = []
+    for name in asg_names:
+        try:
+            autoscaling.put_scheduled_update_group_action(
+                AutoScalingGroupName=name, ScheduledActionName=action_name(name), StartTime=start,
+                MinSize=0, MaxSize=0, DesiredCapacity=0,
+            )  # fmt: skip
+        except Exception as e:  # botocore ClientError and friends: try the others
+            log.error("could not schedule %s to 0 at the budget's deadline: %s", name, e)
+            errors.append(e)
+            continue
+        scheduled.append(name)
+    if scheduled:
+        log.info("budget backstop: %s to 0 at %s", ", ".join(scheduled), start.isoformat())
+    if errors:
+        raise errors[0]
+    return scheduled
+
+
+def remove_backstop(autoscaling: Any, asg_names: Sequence[str]) -> list[str]:
+    """Delete the backstop from every named group (the job is over); returns the groups it was
+    deleted from. A group without one is skipped; other errors are logged, never raised (the
+    job is over either way)."""
+    removed: list[str] = []
+    for name in asg_names:
+        try:
+            autoscaling.delete_scheduled_action(
+                AutoScalingGroupName=name, ScheduledActionName=action_name(name)
+            )
+        except ClientError as e:
+            error = e.response.get("Error", {})
+            if (
+                error.get("Code") == "ValidationError"
+                and "not found" in error.get("Message", "").lower()
+            ):
+                continue
+            log.error("could not delete the budget's scheduled action of %s: %s", name, e)
+            continue
+        except Exception as e:
+            log.error("could not delete the budget's scheduled action of %s: %s", name, e)
+            continue
+        removed.append(name)
+    return removed
