@@ -147,9 +147,11 @@ def budget_job(
     tmp_path: Path,
     imds: FakeImds,
     cap: str,
+    trainers: int = 1,
 ) -> tuple[Ec2Job, Path]:
     spec_path = tmp_path / "capped.toml"
-    spec_path.write_text(SPEC_WITH_CAP.replace("{cap}", cap))
+    text = SPEC_WITH_CAP.replace("{cap}", cap)
+    spec_path.write_text(text.replace("count = 1", f"count = {trainers}", 1))
     spec = load_spec(spec_path)
     played = tmp_path / "played"
     identity = GroupIdentity(
@@ -209,6 +211,24 @@ def test_a_job_whose_budget_is_spent_before_a_generation_runs_nothing(
     assert not played.exists()
     outcome = JobRecord(URI).outcome()
     assert outcome is not None and outcome["reason"].startswith("budget: max_hours 0.5 reached")
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
+
+
+def test_the_budget_running_out_while_a_trainer_waits_for_a_peer_ends_the_job_stopped(
+    cluster: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    fake_imds: FakeImds,
+) -> None:
+    """A survivor waiting for a lost peer bills too: the budget ends the job ``stopped`` while
+    it waits (the trainer group wants 2, one instance runs), not the peer timeout ``failed``."""
+    job, played = budget_job(cluster, tmp_path, fake_imds, "max_usd = 0.0015", trainers=2)
+    started = time.monotonic()
+    assert job.run() == EXIT_STOPPED
+    assert time.monotonic() - started < job.settings.peer_timeout_s
+    assert not played.exists()  # no trainer ever started
+    outcome = JobRecord(URI).outcome()
+    assert outcome is not None and outcome["outcome"] == "stopped"
+    assert outcome["reason"].startswith("budget: max_usd 0.0015 reached (")
     assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
 
 

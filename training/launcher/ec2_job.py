@@ -196,8 +196,13 @@ class Ec2Job:
             if self.signals.leaving:
                 return self._leave()
             self._put_backstop()
+            trainer = self.group.role is Role.TRAINER
+            # Before the wait for peers and during it (survivors waiting for a lost peer bill
+            # too): no trainer runs then, so there is nothing to save first.
+            if trainer and self.clock.spent():
+                return self._end_for_budget()
             membership: Membership | None = None
-            if self.group.role is Role.TRAINER:
+            if trainer:
                 try:
                     membership = self._wait_for_membership()
                 except MembershipTimeout as e:
@@ -205,11 +210,8 @@ class Ec2Job:
                     if code is not None:
                         return code
                     continue
-                if membership is None:  # Stopped, the job ended or a new one began while waiting.
-                    continue
-            trainer = self.group.role is Role.TRAINER
-            if trainer and self.clock.spent():
-                return self._end_for_budget()
+                if membership is None:  # Stopped, the job ended, a new one began or the budget
+                    continue  # ran out while waiting.
             self.generation += 1
             result = self._run_generation(membership)
             if self.watches.ended is not None:
@@ -251,7 +253,9 @@ class Ec2Job:
             own_instance_id=self.instance_id,
             timeout_s=self.settings.peer_timeout_s,
             poll_s=self.settings.poll_s,
-            should_stop=lambda: self.signals.stopping or self.host.outcome() is not None,
+            should_stop=lambda: (
+                self.signals.stopping or self.host.outcome() is not None or self.clock.spent()
+            ),
         )
 
     def _membership_changed(self, membership: Membership) -> bool:
