@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
+
+from training.launcher.budget import Budget
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,31 @@ def put_backstop(
     if errors:
         raise errors[0]
     return scheduled
+
+
+def put_for_job(
+    autoscaling: Any,
+    asg_names: Sequence[str],
+    budget: Budget,
+    job_start: Callable[[], float | None],
+) -> bool:
+    """``put_backstop`` at the deadline of the job that ``job_start()`` says started when (asked
+    only for a capped job: it may write the job's start); True once that is done or there is
+    nothing to do (no group, no cap), False to try again later (the start unknown yet, or AWS
+    failed: logged)."""
+    if not asg_names or not budget.capped:
+        return True
+    started = job_start()
+    if started is None:
+        return False
+    deadline = budget.deadline(started)
+    if deadline is not None:
+        try:
+            put_backstop(autoscaling, asg_names, deadline)
+        except Exception as e:
+            log.warning("the budget's scheduled action is not in place yet: %s", e)
+            return False
+    return True
 
 
 def remove_backstop(autoscaling: Any, asg_names: Sequence[str]) -> list[str]:

@@ -130,9 +130,7 @@ class Ec2Job:
         )
         self.ended_job = False
         """True once this host ended the job (outcome recorded, every group scaled to zero)."""
-        self.backstop_put = False
-        """True once this host scheduled every group to 0 at the budget's deadline
-        (``backstop``), or found that there is none to schedule."""
+        self.backstop_put = False  # the budget's scheduled action (``backstop.put_for_job``)
         self.budget = Budget.of(spec, job_watch.pointer if job_watch else None)
         self.clock = JobClock(
             self.budget,
@@ -183,22 +181,18 @@ class Ec2Job:
             ended = self.host.outcome()
             if ended is not None:
                 log.info("the job is over (%s: %s)", ended.get("outcome"), ended.get("reason"))
-                try:
-                    over = Outcome(str(ended.get("outcome")))
-                except ValueError:
-                    over = Outcome.FAILED
-                # This instance may have started after the end (a deploy that set the groups to
-                # their counts again without a new job): end it again so nothing keeps billing.
-                # Harmless when the job just ended: the first outcome stays, and scaling to
-                # zero twice changes nothing.
+                over = next((o for o in Outcome if o.value == ended.get("outcome")), Outcome.FAILED)
+                # A host started after the end (a deploy that set the groups again without a new
+                # job) ends it again so nothing bills; harmless twice (the first outcome stays).
                 self._end(over, f"the job was already over ({ended.get('reason')})")
                 return over.exit_code
             if self.signals.leaving:
                 return self._leave()
-            self._put_backstop()
+            self.backstop_put = self.backstop_put or backstop.put_for_job(
+                self.autoscaling, self.asg_names, self.budget, self.clock.job_start
+            )
             trainer = self.group.role is Role.TRAINER
-            # Before the wait for peers and during it (survivors waiting for a lost peer bill
-            # too): no trainer runs then, so there is nothing to save first.
+            # Before and in the peer wait (survivors bill too): no trainer runs, nothing to save.
             if trainer and self.clock.spent():
                 return self._end_for_budget()
             membership: Membership | None = None
@@ -210,8 +204,8 @@ class Ec2Job:
                     if code is not None:
                         return code
                     continue
-                if membership is None:  # Stopped, the job ended, a new one began or the budget
-                    continue  # ran out while waiting.
+                if membership is None:  # stopped, ended, superseded or out of budget meanwhile
+                    continue
             self.generation += 1
             result = self._run_generation(membership)
             if self.watches.ended is not None:
@@ -314,24 +308,6 @@ class Ec2Job:
             reason = f"exit codes {codes}"
         self.host.set(state=f"generation-{outcome.value}", reason=reason)
         return GenerationResult(outcome, reason)
-
-    def _put_backstop(self) -> None:
-        """Once the job's start is known: every group to 0 at the budget's deadline
-        (``backstop.put_backstop``), on every host (the same action each time). Tried again
-        next pass when the start or AWS could not be reached."""
-        if self.backstop_put or not self.asg_names or not self.budget.capped:
-            return
-        started = self.clock.job_start()
-        if started is None:
-            return
-        deadline = self.budget.deadline(started)
-        if deadline is not None:
-            try:
-                backstop.put_backstop(self.autoscaling, self.asg_names, deadline)
-            except Exception as e:
-                log.warning("the budget's scheduled action is not in place yet: %s", e)
-                return
-        self.backstop_put = True
 
     # -- endings -----------------------------------------------------------------------------
 
