@@ -27,13 +27,12 @@ gpu_input`` (``--device cpu --quick``: a smoke run anywhere).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,32 +61,20 @@ def write_spec(path: Path, args: argparse.Namespace, checkpoints: Path, **datapl
     ))  # fmt: skip
 
 
-@contextlib.contextmanager
-def importing_from(path: str | None) -> Iterator[None]:
-    """Child processes started inside import ``training`` from ``path`` (None: unchanged):
-    ``PYTHONSAFEPATH`` keeps the working folder off their ``sys.path``."""
+def importing_from(path: str | None) -> dict[str, str]:
+    """The environment in which a child imports ``training`` from ``path`` (None: nothing
+    added): ``PYTHONSAFEPATH`` keeps the working folder off its ``sys.path``."""
     if path is None:
-        yield
-        return
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [path, saved["PYTHONPATH"]]))
-    os.environ["PYTHONSAFEPATH"] = "1"
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        return {}
+    pythonpath = os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": pythonpath, "PYTHONSAFEPATH": "1"}
 
 
 def _package_at(path: str | None) -> str:
-    with importing_from(path):
-        out = subprocess.run(
-            [sys.executable, "-c", "import training; print(training.__file__)"],
-            capture_output=True, text=True, check=True, env=dict(os.environ),
-        )  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", "import training; print(training.__file__)"],
+        capture_output=True, text=True, check=True, env={**os.environ, **importing_from(path)},
+    )  # fmt: skip
     return out.stdout.strip()
 
 
@@ -103,9 +90,11 @@ def _fed(
 ) -> dict[str, Any]:
     """One trainer run fed by ``servers`` augmenting data servers of ``workers`` each."""
     spec = write_spec(work / f"{name}.toml", args, work / "checkpoints", **dataplane)
-    with importing_from(before), ThreadPoolExecutor(servers) as pool:
+    child_env = importing_from(before)
+    with ThreadPoolExecutor(servers) as pool:
         started = list(pool.map(
-            lambda _: start_server_process(spec, workers=workers, timeout_s=args.timeout),
+            lambda _: start_server_process(spec, workers=workers, timeout_s=args.timeout,
+                                           env=child_env),
             range(servers),
         ))  # fmt: skip
     return _run_fed(args, work / name, spec, env, started, servers, workers, dataplane)

@@ -30,6 +30,7 @@ from training.spec import ClusterSpec, Role, load_spec
 
 from .conftest import FakeImds, one_of_each
 from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (fixture)
+from .test_launcher_jobstart import Recording
 
 # 3.60 USD/h for the whole cluster: 0.001 USD a second.
 PRICED = """
@@ -256,23 +257,6 @@ def test_without_a_cap_the_trainer_gets_no_limit(
     assert ENV_BUDGET_DEADLINE == "HETERO_BUDGET_DEADLINE"
 
 
-class RecordingClient:
-    """The client's calls in order (operation, parameters), then the call itself."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(self.inner, name)
-
-        def call(**params: Any) -> Any:
-            self.calls.append((name, params))
-            return real(**params)
-
-        return call
-
-
 @pytest.mark.parametrize("cap", ["max_hours = 1", ""])
 def test_a_capped_jobs_launcher_schedules_every_group_to_zero_and_its_end_deletes_it(
     cluster: dict[str, Any],  # noqa: F811
@@ -286,10 +270,11 @@ def test_a_capped_jobs_launcher_schedules_every_group_to_zero_and_its_end_delete
     started = time.time() - 10
     JobRecord(URI).started(started)
     job, _ = budget_job(cluster, tmp_path, fake_imds, cap)
-    job.autoscaling = recording = RecordingClient(cluster["asg"])
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+    job.autoscaling = Recording("autoscaling", cluster["asg"], calls)
     assert job.run() == EXIT_FINISHED
     backstop = [
-        (op, params) for op, params in recording.calls if "scheduled" in op.lower()
+        (op, params) for _, op, params in calls if "scheduled" in op
         or (op == "update_auto_scaling_group" and params["AutoScalingGroupName"] == "one-dataprep")
     ]  # fmt: skip
     if not cap:

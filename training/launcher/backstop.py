@@ -42,32 +42,21 @@ def put_backstop(
     autoscaling: Any, asg_names: Sequence[str], deadline: float, *, now: float | None = None
 ) -> list[str]:
     """Schedule every named group to 0 at ``deadline`` (epoch seconds); returns the groups
-    scheduled (none when the deadline is under ``MIN_LEAD_S`` away). Raises the first error
-    after trying every group."""
+    scheduled (none when the deadline is under ``MIN_LEAD_S`` away). An error stops it: the
+    caller puts them all again later (``put_for_job``), which changes nothing where one is."""
     now = time.time() if now is None else now
     if deadline - now < MIN_LEAD_S:
         log.info("budget deadline %.0f s away: no scheduled action (the launchers end the job)",
                  deadline - now)  # fmt: skip
         return []
     start = datetime.fromtimestamp(deadline, UTC)
-    scheduled: list[str] = []
-    errors: list[Exception] = []
     for name in asg_names:
-        try:
-            autoscaling.put_scheduled_update_group_action(
-                AutoScalingGroupName=name, ScheduledActionName=action_name(name), StartTime=start,
-                MinSize=0, MaxSize=0, DesiredCapacity=0,
-            )  # fmt: skip
-        except Exception as e:  # botocore ClientError and friends: try the others
-            log.error("could not schedule %s to 0 at the budget's deadline: %s", name, e)
-            errors.append(e)
-            continue
-        scheduled.append(name)
-    if scheduled:
-        log.info("budget backstop: %s to 0 at %s", ", ".join(scheduled), start.isoformat())
-    if errors:
-        raise errors[0]
-    return scheduled
+        autoscaling.put_scheduled_update_group_action(
+            AutoScalingGroupName=name, ScheduledActionName=action_name(name), StartTime=start,
+            MinSize=0, MaxSize=0, DesiredCapacity=0,
+        )  # fmt: skip
+    log.info("budget backstop: %s to 0 at %s", ", ".join(asg_names), start.isoformat())
+    return list(asg_names)
 
 
 def put_for_job(
@@ -105,17 +94,19 @@ def remove_backstop(autoscaling: Any, asg_names: Sequence[str]) -> list[str]:
             autoscaling.delete_scheduled_action(
                 AutoScalingGroupName=name, ScheduledActionName=action_name(name)
             )
-        except ClientError as e:
-            error = e.response.get("Error", {})
-            if (
-                error.get("Code") == "ValidationError"
-                and "not found" in error.get("Message", "").lower()
-            ):
-                continue
-            log.error("could not delete the budget's scheduled action of %s: %s", name, e)
-            continue
-        except Exception as e:
-            log.error("could not delete the budget's scheduled action of %s: %s", name, e)
+        except Exception as e:  # botocore ClientError and friends
+            if not _not_found(e):
+                log.error("could not delete the budget's scheduled action of %s: %s", name, e)
             continue
         removed.append(name)
     return removed
+
+
+def _not_found(error: Exception) -> bool:
+    """Auto Scaling's answer to deleting a scheduled action that is not there."""
+    if not isinstance(error, ClientError):
+        return False
+    detail = error.response.get("Error", {})
+    return (
+        detail.get("Code") == "ValidationError" and "not found" in detail.get("Message", "").lower()
+    )

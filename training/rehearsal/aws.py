@@ -339,9 +339,8 @@ class AwsEmulator:
             for a in client.describe_scheduled_actions(AutoScalingGroupName=asg)[
                 "ScheduledUpdateGroupActions"
             ]:
-                sizes = {k: a[k] for k in ("MinSize", "MaxSize", "DesiredCapacity") if k in a}
                 found.append({"group": asg, "name": a["ScheduledActionName"],
-                              "start": a["StartTime"].timestamp(), **sizes})  # fmt: skip
+                              "start": a["StartTime"].timestamp(), **_sizes(a)})  # fmt: skip
         return found
 
     def run_scheduled_actions(
@@ -355,8 +354,7 @@ class AwsEmulator:
         client = self.client("autoscaling")
         due = [a for a in actions if a["start"] <= now]
         for a in due:
-            sizes = {k: a[k] for k in ("MinSize", "MaxSize", "DesiredCapacity") if k in a}
-            client.update_auto_scaling_group(AutoScalingGroupName=a["group"], **sizes)
+            client.update_auto_scaling_group(AutoScalingGroupName=a["group"], **_sizes(a))
             client.delete_scheduled_action(
                 AutoScalingGroupName=a["group"], ScheduledActionName=a["name"]
             )
@@ -380,6 +378,11 @@ class AwsEmulator:
             target.parent.mkdir(parents=True, exist_ok=True)
             self.client("s3").download_file(bucket, key, str(target))
         return len(keys)
+
+
+def _sizes(action: dict[str, Any]) -> dict[str, int]:
+    """The group sizes a scheduled action sets (those it names)."""
+    return {k: action[k] for k in ("MinSize", "MaxSize", "DesiredCapacity") if k in action}
 
 
 def _ip_key(ip: str) -> tuple[int, ...]:
