@@ -278,7 +278,12 @@ def test_a_capped_jobs_launcher_schedules_every_group_to_zero_and_its_end_delete
         or (op == "update_auto_scaling_group" and params["AutoScalingGroupName"] == "one-dataprep")
     ]  # fmt: skip
     if not cap:
-        scaled = {"AutoScalingGroupName": "one-dataprep", "MinSize": 0, "DesiredCapacity": 0}
+        scaled = {
+            "AutoScalingGroupName": "one-dataprep",
+            "MinSize": 0,
+            "MaxSize": 0,
+            "DesiredCapacity": 0,
+        }
         assert backstop == [("update_auto_scaling_group", scaled)]
         return
     puts = [params for op, params in backstop if op == "put_scheduled_update_group_action"]

@@ -102,7 +102,12 @@ def test_past_the_budget_the_job_ends_failed_with_every_group_at_zero(
         stub.add_response(
             "update_auto_scaling_group",
             {},
-            expected_params={"AutoScalingGroupName": name, "MinSize": 0, "DesiredCapacity": 0},
+            expected_params={
+                "AutoScalingGroupName": name,
+                "MinSize": 0,
+                "MaxSize": 0,
+                "DesiredCapacity": 0,
+            },
         )
     assert leave(client, record, budget=3) == EXIT_FAILED
     outcome = record.outcome()

@@ -82,7 +82,7 @@ def test_notice_sends_sigterm_to_the_child(
     assert "2026-11-21T1" in (sup.stop_reason or "")
 
 
-def test_scale_to_zero_sets_min_and_desired(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scale_to_zero_sets_min_max_and_desired(monkeypatch: pytest.MonkeyPatch) -> None:
     with mock_aws():
         ec2 = boto3.client("ec2", region_name="us-east-1")
         image = "ami-12c6146b"  # one of moto's built-in images
@@ -104,9 +104,8 @@ def test_scale_to_zero_sets_min_and_desired(monkeypatch: pytest.MonkeyPatch) -> 
         assert names == ["vit-trainer", "vit-dataprep"]
         assert scale_to_zero(asg, names) == names
         groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=names)
-        for g in groups["AutoScalingGroups"]:
-            assert (g["MinSize"], g["DesiredCapacity"]) == (0, 0)
-            assert g["MaxSize"] == 4  # left alone: the stack can start the next job
+        for g in groups["AutoScalingGroups"]:  # MaxSize too: nothing raises it after the job
+            assert (g["MinSize"], g["MaxSize"], g["DesiredCapacity"]) == (0, 0, 0)
 
 
 def test_scale_to_zero_tries_every_group_before_raising() -> None:

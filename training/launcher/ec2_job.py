@@ -27,13 +27,12 @@ Each pass:
    Scaling holds this instance in Terminating:Wait and complete the lifecycle action, so it
    does not bill until the hook's heartbeat timeout (``job_end.complete_own_termination``).
 
-With a job pointer (``jobparam.JobWatch``: the launcher was started with
-``HETERO_JOB_PARAMETER``), every pass first reads the pointer again, and a thread reads it every
-``job_poll_s`` while the role runs or waits for peers. When another job was started
-(``hetero job start --force`` while this host still ran), the role is stopped (SIGTERM: the
-trainer checkpoints and exits "stopped"), the old job is neither ended nor scaled to zero (that
-would stop the new one), and ``run`` returns ``EXIT_NEW_JOB``: the launcher then starts again
-on the new job.
+With a job pointer (``jobparam.JobWatch``, from ``HETERO_JOB_PARAMETER``), every pass first
+reads the pointer again, and a thread reads it every ``job_poll_s`` while the role runs or waits
+for peers. When another job was started (``hetero job start --force`` while this host ran), the
+role is stopped (SIGTERM: the trainer checkpoints and exits "stopped"), the old job is neither
+ended nor scaled to zero (that would stop the new one), and ``run`` returns ``EXIT_NEW_JOB``:
+the launcher then starts again on the new job.
 """
 
 from __future__ import annotations
@@ -147,8 +146,8 @@ class Ec2Job:
             ec2=ec2,
             settings=settings,
             run_dir=run_dir,
-            job_started=self.clock.job_start,
-            end_failed=lambda reason: self._end(Outcome.FAILED, reason),
+            clock=self.clock,
+            end=self._end,
         )
         self.current_membership = partial(
             current_membership, ec2, autoscaling, cluster=cluster, group=self.group.name,
@@ -209,7 +208,7 @@ class Ec2Job:
             self.generation += 1
             result = self._run_generation(membership)
             if self.watches.ended is not None:
-                return EXIT_FAILED
+                return self.watches.ended.exit_code
             if self.signals.leaving:
                 if (
                     result.outcome is Outcome.FINISHED
@@ -306,7 +305,8 @@ class Ec2Job:
             failed, stopped = any(c != 0 for c in codes), self.signals.stopping
             outcome = Outcome.FAILED if failed else Outcome.STOPPED if stopped else Outcome.FINISHED
             reason = f"exit codes {codes}"
-        self.host.set(state=f"generation-{outcome.value}", reason=reason)
+        if self.watches.ended is None:  # else the job's end (``_end``) is this host's last state
+            self.host.set(state=f"generation-{outcome.value}", reason=reason)
         return GenerationResult(outcome, reason)
 
     # -- endings -----------------------------------------------------------------------------

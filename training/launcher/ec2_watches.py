@@ -6,8 +6,9 @@
 - Checkpoint requests: delivered once every rank handles SIGUSR1 (``Signals.deliver_pending``).
 - The job pointer (with a ``jobparam.JobWatch``): a newer job stops the role.
 - The heartbeat, while a generation runs: this host's state and the trainer's last metrics into
-  the job record, then the watches that end the job as failed (``boot_watch``,
-  ``trainer_watch``); ``last_metrics`` reads the trainer's last metrics in its run folder for it.
+  the job record, then the watches that end the job: failed (``boot_watch``, ``trainer_watch``)
+  or, on a data server, stopped by the budget (``tier_budget``); ``last_metrics`` reads the
+  trainer's last metrics in its run folder for it.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from typing import Any
 
 from training.common.jobparam import JobWatch
 from training.common.names import LAST_EVAL_FILE
+from training.common.outcome import Outcome
 from training.launcher.boot_watch import BootWatch
+from training.launcher.budget import JobClock
 from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.rank_signals import Signals
 from training.launcher.spot import SpotNotice, SpotWatcher
+from training.launcher.tier_budget import TierBudgetWatch
 from training.launcher.trainer_watch import NoTrainerWatch
 from training.spec import ClusterSpec, InstanceGroup, Role
 
@@ -51,29 +55,37 @@ class Ec2Watches:
         ec2: Any,
         settings: LoopSettings,
         run_dir: Path,
-        job_started: Callable[[], float | None],
-        end_failed: Callable[[str], bool],
+        clock: JobClock,
+        end: Callable[[Outcome, str], bool],
     ) -> None:
         self.signals = signals
         self.host = host
         self.trainer = group.role is Role.TRAINER
         self.run_dir = run_dir
-        self.end_failed = end_failed
-        """Ends the job as failed for everyone; False, ending nothing, when another job began."""
-        self.checks: list[BootWatch | NoTrainerWatch] = []
-        """Asked in turn at each heartbeat, with a job record: failed boots past the replacement
-        budget (every host), no live trainer host (a data server); the first reason wins."""
+        self.end = end
+        """Ends the job for everyone; False, ending nothing, when another job began."""
+        self.checks: list[tuple[Outcome, BootWatch | NoTrainerWatch | TierBudgetWatch]] = []
+        """Asked in turn at each heartbeat, with a job record, each with the outcome it ends the
+        job with: failed boots past the replacement budget (every host); on a data server, the
+        budget spent with no trainer to stop it, and no live trainer host. The first wins."""
         if host.record is not None:
-            budget = settings.replacement_budget
-            boots = BootWatch(ec2, cluster, host.record, budget=budget, job_started=job_started)
-            self.checks.append(boots)
+            record, budget = host.record, settings.replacement_budget
+            boots = BootWatch(ec2, cluster, record, budget=budget, job_started=clock.job_start)
+            self.checks.append((Outcome.FAILED, boots))
             trainers = [g.name for g in spec.groups if g.role is Role.TRAINER]
             if not self.trainer and trainers:
+                beats = 2 * settings.heartbeat_s  # one missed beat is not a death
+                tier_budget = TierBudgetWatch(
+                    clock, record, trainers, live_s=beats, grace_s=settings.grace_s + beats
+                )
                 timeout_s = settings.no_trainer_timeout_s
-                self.checks.append(NoTrainerWatch(host.record, trainers, timeout_s=timeout_s))
-        self.ended: str | None = None
-        """Why a watch of this host ended the job (no live trainer host, failed boots past the
-        budget), once one did."""
+                self.checks.append((Outcome.STOPPED, tier_budget))
+                self.checks.append(
+                    (Outcome.FAILED, NoTrainerWatch(record, trainers, timeout_s=timeout_s))
+                )
+        self.ended: Outcome | None = None
+        """How a watch of this host ended the job (failed boots past the budget, no live trainer
+        host: failed; the budget spent: stopped), once one did."""
         self.job_watch: JobWatch | None = None
         """Reads the job pointer (None: no pointer, the job never changes under this host)."""
         self._done = threading.Event()
@@ -169,22 +181,21 @@ class Ec2Watches:
                 return
 
     def end_if_due(self) -> bool:
-        """Failed boots past the replacement budget (``boot_watch``, every host) or, on a data
-        server, no live trainer host for the bounded time (``trainer_watch``) end the job as
-        failed, every group to zero, and stop this host's role."""
+        """Failed boots past the replacement budget (``boot_watch``, every host) end the job as
+        failed; on a data server, the budget spent with no trainer to stop it (``tier_budget``)
+        ends it stopped, and no live trainer host for the bounded time (``trainer_watch``)
+        failed: every group to zero, and this host's role stopped."""
         if self.ended is not None:
             return False
-        reason: str | None = None
-        for watch in self.checks:
-            reason = watch.check()
-            if reason is not None:
-                break
-        if reason is None:
+        asked = ((outcome, watch.check()) for outcome, watch in self.checks)  # in turn, lazily
+        due = next(((outcome, reason) for outcome, reason in asked if reason is not None), None)
+        if due is None:
             return False
-        log.error("%s: ending the job", reason)
-        if not self.end_failed(reason):
+        outcome, reason = due
+        log.error("%s: ending the job (%s)", reason, outcome.value)
+        if not self.end(outcome, reason):
             return False  # another job began: its own watches start over
-        self.ended = reason
+        self.ended = outcome
         self.signals.stop(signal.SIGTERM, reason)
         return True
 

@@ -26,7 +26,13 @@ def asg_names_from_env(environ: Mapping[str, str]) -> list[str]:
 
 
 def scale_to_zero(autoscaling: Any, asg_names: Sequence[str]) -> list[str]:
-    """Set MinSize and DesiredCapacity of every named group to 0; returns the names scaled.
+    """Set MinSize, MaxSize and DesiredCapacity of every named group to 0; returns the names
+    scaled. MaxSize too, so nothing raises a group again after its job (an elastic group's
+    controller still running elsewhere): a desired capacity must be "less than or equal to the
+    maximum size of the group"
+    (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_UpdateAutoScalingGroup.html).
+    ``hetero job start`` sets the next job's sizes, and so does a deploy that updates the group
+    (``infra/instance_group.py``: the update policy has CloudFormation apply the template's).
 
     Every group is attempted even if one fails; the first failure is raised at the end, after
     the others have been scaled (a half-done job end still stops as much billing as it can).
@@ -36,7 +42,7 @@ def scale_to_zero(autoscaling: Any, asg_names: Sequence[str]) -> list[str]:
     for name in asg_names:
         try:
             autoscaling.update_auto_scaling_group(
-                AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0
+                AutoScalingGroupName=name, MinSize=0, MaxSize=0, DesiredCapacity=0
             )
         except Exception as e:  # botocore ClientError and friends: keep going, report below
             log.error("could not scale Auto Scaling group %s to zero: %s", name, e)
