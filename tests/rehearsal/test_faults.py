@@ -51,6 +51,11 @@ REPO = Path(__file__).resolve().parents[2]
             "dataprep:0@5",
             Fault(FaultKind.KILL_DATA_SERVER, Trigger(step=5), "dataprep", 0),
         ),
+        (
+            "kill-launcher",
+            "dataprep:1@20s",
+            Fault(FaultKind.KILL_LAUNCHER, Trigger(seconds=20.0), "dataprep", 1),
+        ),
     ],
 )
 def test_instance_faults_parse(kind: str, text: str, expected: Fault) -> None:
@@ -130,6 +135,12 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
     s = load_scenario(budget)
     assert s.expect.outcome == "stopped" and not s.expect.expects_params_equal
 
+    gone = tmp_path / "gone.toml"
+    gone.write_text('kill-launcher = ["trainer:0@20s"]\n[expect]\noutcome = "none"\n')
+    s = load_scenario(gone)
+    assert [f.describe() for f in s.faults] == ["kill-launcher trainer:0@20s"]
+    assert s.expect.outcome == "none" and not s.expect.expects_params_equal
+
 
 @pytest.mark.parametrize(
     ("body", "message"),
@@ -137,7 +148,7 @@ def test_scenario_files_toml_and_json(tmp_path: Path) -> None:
         ('interrupt = ["trainer:0"]', "GROUP:INDEX@STEP"),
         ("interrupt = 3", "must be a string or a list"),
         ('explode = ["trainer:0@1"]', "unknown fault kind"),
-        ('[expect]\noutcome = "maybe"', "'finished', 'failed' or 'stopped'"),
+        ('[expect]\noutcome = "maybe"', "'finished', 'failed', 'stopped' .* or 'none'"),
         ("[expect]\nspeed = 1", "unknown expect key"),
         ("notice-seconds = -1", "notice-seconds"),
         ("[expect]\nsteps-lost-max = -1", "steps-lost-max"),

@@ -20,6 +20,7 @@ from typing import Any
 import aws_calls
 import pytest
 
+from training.launcher.budget import Budget
 from training.spec import load_spec
 
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
@@ -114,3 +115,47 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
         assert start["wall"] - 30 <= a["start"] - hours * 3600 <= start["wall"] + 1, (a, start)
     assert not [e for e in report["events"] if e["kind"] == "scheduled-action-run"]
     assert report["invariants"]["no_scheduled_action_left"]["ok"]
+
+
+# The backstop with no launcher left (scenarios/no-launcher-left.toml): every launcher SIGKILLed
+# 20 s into the rehearsal, the instances left running. The launchers put the backstop at their
+# loop's start (under 4 s in, with the machine busy with other tests), long before their
+# trainers' first step; the deadline is this long after the job's start, so nothing but the
+# scheduled actions can end the job.
+NO_LAUNCHER = Path(__file__).parent / "scenarios" / "no-launcher-left.toml"
+BACKSTOP_DEADLINE_S = 40.0
+
+
+@pytest.mark.timeout(TIMEOUT_S + 200)
+def test_with_every_launcher_gone_the_scheduled_actions_take_every_group_to_zero(
+    tmp_path: Path,
+) -> None:
+    usd_per_hour = Budget.of(load_spec(spec(tmp_path, "priced"))).usd_per_hour
+    spec_path = spec(
+        tmp_path, "nolauncher", f"max_usd = {usd_per_hour * BACKSTOP_DEADLINE_S / 3600.0}\n"
+    )
+    report = rehearse(
+        spec_path, tmp_path / "rehearsal", "--no-baseline", "--scenario", str(NO_LAUNCHER)
+    )
+    assert report["outcome"] == "none" and report["job_record"] is None
+    assert [f["state"] for f in report["faults"]] == ["done"] * 4
+    kills = [e for e in report["events"] if e["kind"] == "fault" and "runs on" in e["message"]]
+    assert len(kills) == 4
+    events = report["events"]
+    put = {e["data"]["group"]: e["data"] for e in events if e["kind"] == "scheduled-action"}
+    first_kill = min(k["wall"] for k in kills)
+    assert all(e["wall"] < first_kill for e in events if e["kind"] == "scheduled-action")
+    ran = [e for e in report["events"] if e["kind"] == "scheduled-action-run"]
+    assert sorted(put) == sorted(e["data"]["group"] for e in ran) == [
+        "rehearsal-dataprep", "rehearsal-trainer",
+    ]  # fmt: skip
+    for e in ran:  # at the deadline, by Auto Scaling alone: every launcher was gone by then
+        assert e["data"]["start"] == put[e["data"]["group"]]["start"]
+        assert 0 <= e["wall"] - e["data"]["start"] <= 3, e
+        assert e["wall"] > max(k["wall"] for k in kills)
+        sizes = (e["data"]["MinSize"], e["data"]["MaxSize"], e["data"]["DesiredCapacity"])
+        assert sizes == (0, 0, 0)
+    assert set(report["groups_desired_at_end"].values()) == {0}
+    assert report["instances_running_at_end"] == []
+    assert report["processes_left"] == []
+    assert report["scheduled_actions_at_end"] == []

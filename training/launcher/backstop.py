@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from training.launcher.budget import Budget
+from training.launcher.budget import JobClock
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,18 @@ def action_name(asg_name: str) -> str:
 
 
 def put_backstop(
-    autoscaling: Any, asg_names: Sequence[str], deadline: float, *, now: float | None = None
+    autoscaling: Any,
+    asg_names: Sequence[str],
+    deadline: float,
+    *,
+    now: float | None = None,
+    lead_s: float = MIN_LEAD_S,
 ) -> list[str]:
     """Schedule every named group to 0 at ``deadline`` (epoch seconds); returns the groups
-    scheduled (none when the deadline is under ``MIN_LEAD_S`` away). An error stops it: the
+    scheduled (none when the deadline is under ``lead_s`` away). An error stops it: the
     caller puts them all again later (``put_for_job``), which changes nothing where one is."""
     now = time.time() if now is None else now
-    if deadline - now < MIN_LEAD_S:
+    if deadline - now < lead_s:
         log.info("budget deadline %.0f s away: no scheduled action (the launchers end the job)",
                  deadline - now)  # fmt: skip
         return []
@@ -60,24 +65,21 @@ def put_backstop(
 
 
 def put_for_job(
-    autoscaling: Any,
-    asg_names: Sequence[str],
-    budget: Budget,
-    job_start: Callable[[], float | None],
+    autoscaling: Any, asg_names: Sequence[str], clock: JobClock, lead_s: float = MIN_LEAD_S
 ) -> bool:
-    """``put_backstop`` at the deadline of the job that ``job_start()`` says started when (asked
-    only for a capped job: it may write the job's start); True once that is done or there is
-    nothing to do (no group, no cap), False to try again later (the start unknown yet, or AWS
-    failed: logged)."""
-    if not asg_names or not budget.capped:
+    """``put_backstop`` at the deadline of ``clock``'s budget for the job's start
+    (``clock.job_start()``, asked only for a capped job: it may write the job's start); True
+    once that is done or there is nothing to do (no group, no cap), False to try again later
+    (the start unknown yet, or AWS failed: logged)."""
+    if not asg_names or not clock.budget.capped:
         return True
-    started = job_start()
+    started = clock.job_start()
     if started is None:
         return False
-    deadline = budget.deadline(started)
+    deadline = clock.budget.deadline(started)
     if deadline is not None:
         try:
-            put_backstop(autoscaling, asg_names, deadline)
+            put_backstop(autoscaling, asg_names, deadline, lead_s=lead_s)
         except Exception as e:
             log.warning("the budget's scheduled action is not in place yet: %s", e)
             return False

@@ -188,7 +188,7 @@ class Ec2Job:
             if self.signals.leaving:
                 return self._leave()
             self.backstop_put = self.backstop_put or backstop.put_for_job(
-                self.autoscaling, self.asg_names, self.budget, self.clock.job_start
+                self.autoscaling, self.asg_names, self.clock, self.settings.backstop_lead_s
             )
             trainer = self.group.role is Role.TRAINER
             # Before and in the peer wait (survivors bill too): no trainer runs, nothing to save.

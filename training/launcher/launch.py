@@ -20,7 +20,7 @@ from pathlib import Path
 
 from training.common.names import ENV_JOB_PARAMETER, ENV_SPEC, SAGEMAKER_RESOURCECONFIG
 from training.common.outcome import EXIT_CONFIG, Outcome
-from training.launcher import early_exit, peers
+from training.launcher import backstop, early_exit, peers
 from training.launcher.ec2_start import cannot_start, run_ec2
 from training.launcher.group import (
     GroupDetectionError,
@@ -116,6 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=NO_TRAINER_TIMEOUT_S,
         help="EC2, data servers: seconds without any trainer host in the job record before the "
         "job ends as failed",
+    )
+    parser.add_argument(
+        "--backstop-lead",
+        type=float,
+        default=backstop.MIN_LEAD_S,
+        help="EC2, a job with a budget: the least time before its deadline at which the "
+        "budget's scheduled action is still put (AWS refuses start times in the past)",
     )
     parser.add_argument(
         "--heartbeat",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from training.launcher.backstop import MIN_LEAD_S
 from training.launcher.early_exit import REPLACEMENT_BUDGET
 from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
 
@@ -38,6 +39,8 @@ class LoopSettings:
     """Adopt the role's orphaned descendants (Linux), so none outlives the launcher."""
     job_poll_s: float = 30.0
     """Between reads of the job pointer while the role runs or waits (with a ``JobWatch``)."""
+    backstop_lead_s: float = MIN_LEAD_S
+    """A budget deadline closer than this gets no scheduled action (``backstop.put_backstop``)."""
     lifecycle_wait_s: float = 120.0
     """After this host ended the job (groups at zero): how long it waits for its own instance to
     reach Terminating:Wait, to complete the termination hook (``job_end.complete_own_termination``;
@@ -58,4 +61,5 @@ def default_settings(args: Any) -> LoopSettings:
         no_trainer_timeout_s=args.no_trainer_timeout,
         heartbeat_s=args.heartbeat,
         replacement_budget=args.replacement_budget,
+        backstop_lead_s=args.backstop_lead,
     )

@@ -43,6 +43,8 @@ _FAULT_HELP = {
     f"its processes and terminate it (a hard loss mid-save; skipped when no write starts within "
     f"{SAVE_WATCH_S:g} s)",
     FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",
+    FaultKind.KILL_LAUNCHER: "SIGKILL the instance's processes and leave it running (a launcher "
+    "gone for good: only the budget's scheduled action stops the instance)",
 }
 _LAUNCH_FAULT_HELP = {
     FaultKind.BOOT_FAIL: "the instance's boot gives up: no launcher starts, the OS shuts it down "

@@ -15,7 +15,8 @@ A scenario file holds the same lists under the flag names, plus optional expecta
     boot-fail = ["dataprep:0"]
     notice-seconds = 15
     [expect]
-    outcome = "finished"      # or "failed" (a trainer that keeps crashing), "stopped" (budget)
+    outcome = "finished"      # or "failed" (a trainer that keeps crashing), "stopped" (budget),
+                              # "none" (no launcher left to record one: kill-launcher)
     params-equal = true       # default: true when the expected outcome is "finished"
     steps-lost-max = 4        # default: one checkpoint interval per trainer instance lost
 """
@@ -48,6 +49,9 @@ class FaultKind(StrEnum):
     """From STEP on, watch a trainer instance's checkpoint staging folder; as soon as a write is
     in progress there (a ``step-N.partial`` folder), SIGKILL its whole process tree and
     terminate it (a hard loss in the middle of a checkpoint write)."""
+    KILL_LAUNCHER = "kill-launcher"
+    """SIGKILL the instance's whole process tree and leave the instance running: its launcher
+    gone for good (Docker's restarts spent, a hung host), so nothing on it ends the job."""
     KILL_DATA_SERVER = "kill-data-server"
     """SIGKILL the ``hetero serve`` tree of a dataprep instance and terminate the instance."""
     S3_OUTAGE = "s3-outage"
@@ -127,13 +131,20 @@ class Fault:
         return f"{self.kind.value} {self.group}:{self.index}@{when}"
 
 
+NO_OUTCOME = "none"
+"""The rehearsal's outcome when the job record has none."""
+OUTCOMES = ("finished", "failed", "stopped", NO_OUTCOME)
+"""What ``expect.outcome`` may be (``Expectations.outcome``)."""
+
+
 @dataclass(frozen=True)
 class Expectations:
     """What the scenario should end with; the rehearsal fails when it ends otherwise."""
 
     outcome: str = "finished"
     """The job record's outcome: ``finished``, ``failed`` or ``stopped`` (``job.max_usd`` /
-    ``job.max_hours`` reached)."""
+    ``job.max_hours`` reached), or ``none``: the job record has none (every launcher was gone
+    before it could record one; the budget's scheduled action took the groups to zero)."""
     params_equal: bool | None = None
     """Final parameters equal to an uninterrupted run's (None: expected when finished)."""
     steps_lost_max: int | None = None
@@ -265,9 +276,10 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
             "steps-lost-max"
         )
     outcome = expect.get("outcome", "finished")
-    if outcome not in ("finished", "failed", "stopped"):
+    if outcome not in OUTCOMES:
         raise FaultSyntaxError(
-            f"{source}: expect.outcome must be 'finished', 'failed' or 'stopped' (the budget)"
+            f"{source}: expect.outcome must be 'finished', 'failed', 'stopped' (the budget) or "
+            "'none' (no launcher left to record one)"
         )
     params_equal = expect.get("params-equal")
     if params_equal is not None and not isinstance(params_equal, bool):

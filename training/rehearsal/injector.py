@@ -18,6 +18,8 @@
   (a trainer that keeps crashing: the launcher's restart budget runs out).
 - ``kill-data-server``: SIGKILL the ``hetero serve`` tree of a dataprep instance, then
   TerminateInstances.
+- ``kill-launcher``: SIGKILL the whole process tree and leave the instance running (a launcher
+  gone for good); only the budget's scheduled action (``launcher/backstop.py``) ends it.
 - ``s3-outage``: the S3 proxy resets every connection for the outage's seconds.
 
 An instance fault names the INDEX-th instance of its group in launch order; it waits (pending)
@@ -276,6 +278,7 @@ class FaultInjector(threading.Thread):
             FaultKind.KILL_IN_SAVE: self._kill_in_save,
             FaultKind.CRASH: self._crash,
             FaultKind.KILL_DATA_SERVER: self._kill_data_server,
+            FaultKind.KILL_LAUNCHER: self._kill_launcher,
             FaultKind.S3_OUTAGE: self._s3_outage,
         }[f.kind]
         t = threading.Thread(
@@ -364,6 +367,12 @@ class FaultInjector(threading.Thread):
         pids = self.simulator.kill_tree(run)
         self._say(rec, run, f"SIGKILL {len(pids)} process(es) at step {rec.step_at_fire}")
         self._terminate(rec, run)
+
+    def _kill_launcher(self, rec: FaultRecord, run: InstanceRun | None) -> None:
+        assert run is not None
+        pids = self.simulator.kill_tree(run)
+        self._say(rec, run, f"SIGKILL {len(pids)} process(es) at step {rec.step_at_fire}; the "
+                  "instance runs on")  # fmt: skip
 
     def _kill_in_save(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None

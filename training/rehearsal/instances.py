@@ -59,6 +59,8 @@ COLLECTIVE_TIMEOUT_ENV = "HETERO_COLLECTIVE_TIMEOUT_S"
 COLLECTIVE_TIMEOUT_S = 20
 SPOT_POLL_S = 0.5
 RESTART_BACKOFF_S = 2.0
+BACKSTOP_LEAD_S = 5.0
+"""``hetero launch --backstop-lead`` of every emulated instance."""
 LAUNCHER_LOG = "launcher.log"
 # Variables of the rehearsal's own environment an instance must not inherit: an instance learns
 # its group from its tags, and real credentials must never reach moto's clients.
@@ -121,6 +123,10 @@ def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> 
         # not 30.
         "--heartbeat",
         "2",
+        # The budget's scheduled action is still put 5 s before its deadline, not 60 (time
+        # scaled down like the notice).
+        "--backstop-lead",
+        str(BACKSTOP_LEAD_S),
         *extra,
     ]
 

@@ -33,7 +33,7 @@ from training.rehearsal import audit, params, report
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, region_for
 from training.rehearsal.datatier import DesiredWatch, data_tier_facts
 from training.rehearsal.events import EventLog
-from training.rehearsal.faults import FaultKind, Scenario
+from training.rehearsal.faults import NO_OUTCOME, FaultKind, Scenario
 from training.rehearsal.injector import FaultInjector, FaultRecord
 from training.rehearsal.instances import (
     LAUNCHER_LOG,
@@ -239,7 +239,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["processes_left"] = simulator.processes_left()
         simulator.shutdown()
         record = read_outcome(aws, names)
-        facts["outcome"] = record.get("outcome", "unknown") if record else "unknown"
+        facts["outcome"] = record.get("outcome", "unknown") if record else NO_OUTCOME
         facts["job_record"] = record
         facts["replaced_in_record"] = replaced_instances(aws, names)
         decisions = JobRecord(names.checkpoint_uri, s3_client=aws.client("s3")).decisions(
@@ -323,7 +323,13 @@ def _watch(
                 outcome = None
                 continue
             return "every group at 0 and every instance terminated", False
-        if live and not any(r.launcher_running for r in live) and not injector.busy():
+        # Every launcher gone: only a scheduled action (the budget's backstop) may change things.
+        if (
+            live
+            and not any(r.launcher_running for r in live)
+            and not injector.busy()
+            and not aws.scheduled_actions(names)
+        ):
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since >= options.settle_s:
                 return (
@@ -344,14 +350,16 @@ def start_next_job(
     """``hetero job start --resume`` as a user would run it, against the emulated AWS: the
     stopped job's record moves to ``job-history/``, a new job id goes into the pointer and every
     group goes back to its count; ``max_usd``: the new job's own budget (``--max-usd``).
-    ``RuntimeError`` when it refuses."""
+    ``--offline-prices``: moto answers ``DescribeSpotPriceHistory`` with 0.00001 USD/h for every
+    type and has no Price List API, so the job is priced as ``hetero spec check`` prices it
+    (the spec and the dated catalogue), as on AWS. ``RuntimeError`` when it refuses."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(FAKE_CREDENTIALS)
     env["AWS_ENDPOINT_URL"] = aws.endpoint_url
     env[call_log.ENV_PRINCIPAL] = "user"
     argv = [
         sys.executable, "-m", "training.cli", "job", "start",
-        "--spec", str(spec_path), "--resume", "--region", aws.region,
+        "--spec", str(spec_path), "--resume", "--region", aws.region, "--offline-prices",
         *(["--max-usd", f"{max_usd:g}"] if max_usd is not None else []),
     ]  # fmt: skip
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
