@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import math
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
@@ -25,6 +24,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.efa import EfaLayout, efa_layouts
+from infra.shard_cache import cache_bytes, root_volume_cache_gib, shard_cache_lines
 from training.common.names import (
     DATAPREP_AMI_PARAMETER,
     DEPLOYED_SPEC_PATH,
@@ -38,7 +38,6 @@ from training.common.names import (
     ENV_REGION,
     ENV_SHARD_CACHE_DIR,
     ENV_SPEC,
-    HOST_SHARD_CACHE_DIR,
     LIFECYCLE_HOOK_NAME,
     TAG_CLUSTER,
     TAG_GROUP,
@@ -88,64 +87,10 @@ ROOT_VOLUME_GIB: Mapping[Role, int] = {Role.TRAINER: 200, Role.DATAPREP: 100}
 
 
 def root_volume_gib(spec: ClusterSpec, group: InstanceGroup) -> int:
-    """The group's root volume: its role's size, plus, on dataprep instances of a prepared
-    dataset with ``job.dataset.cache_gb``, room for that shard cache
-    (``training/data/shard_source.py``), so the cache the spec asks for fits on types without
-    instance store (where the type has it, the cache goes there: ``shard_cache_lines``)."""
-    size = ROOT_VOLUME_GIB[group.role]
-    cache_gb = spec.job.dataset.cache_gb
-    if group.role is Role.DATAPREP and cache_gb:
-        size += math.ceil(cache_gb * 1e9 / 2**30)  # the spec's GB, the volume's GiB
-    return size
-
-
-INSTANCE_STORE_MODEL = "Amazon EC2 NVMe Instance Storage"
-"""The NVMe model string of an instance store volume: the one Amazon Linux's own udev rules match
-to tell instance store from EBS (``70-ec2-nvme-devices.rules`` in
-github.com/amazonlinux/amazon-ec2-utils, the package both AMIs are built with)."""
-
-
-def shard_cache_lines() -> list[str]:
-    """Boot lines of a dataprep instance: the shard cache's host folder
-    (``HOST_SHARD_CACHE_DIR``), on the first unused NVMe instance store volume where the type has
-    one, else on the root volume.
-
-    NVMe instance store volumes are attached at launch without a block device mapping ("NVMe
-    instance store volumes are automatically enumerated and assigned a device name. Including
-    them in your block device mapping has no effect", API_BlockDeviceMapping) and come
-    unformatted ("you must mount the volume"), so the boot finds one by its model in sysfs,
-    makes an XFS file system on it and mounts it (one volume, however many the type has; no RAID).
-    Nothing here can stop the boot: when no
-    volume is found or formatting or mounting fails, the cache stays on the root volume, which
-    the stack sizes for it (``root_volume_gib``)."""
-    return [
-        f"HOST_SHARD_CACHE={HOST_SHARD_CACHE_DIR}",
-        "SYS_BLOCK=/sys/block",
-        "instance_store_device() {",
-        "  local d model",
-        '  for d in "$SYS_BLOCK"/nvme*n*; do',
-        '    [ -r "$d/device/model" ] || continue',
-        '    read -r model < "$d/device/model" || true',  # sysfs pads the model with spaces
-        f'    [ "$model" = "{INSTANCE_STORE_MODEL}" ] || continue',
-        '    grep -q "^/dev/${d##*/} " /proc/mounts && continue',  # already in use
-        '    echo "/dev/${d##*/}"',
-        "    return 0",
-        "  done",
-        "  return 1",
-        "}",
-        'mkdir -p "$HOST_SHARD_CACHE"',
-        "if CACHE_DEVICE=$(instance_store_device); then",
-        '  if mkfs.xfs -f -K "$CACHE_DEVICE" '
-        '&& mount -o noatime "$CACHE_DEVICE" "$HOST_SHARD_CACHE"; then',
-        '    echo "hetero boot: the shard cache is on instance store $CACHE_DEVICE"',
-        "  else",
-        '    echo "hetero boot: could not format or mount instance store $CACHE_DEVICE; '
-        'the shard cache stays on the root volume" >&2',
-        "  fi",
-        "else",
-        '  echo "hetero boot: no instance store volume; the shard cache is on the root volume"',
-        "fi",
-    ]
+    """The group's root volume: its role's size, plus, on a dataprep group whose types do not
+    all have an instance store volume that holds the spec's ``job.dataset.cache_gb``, room for
+    that shard cache (``infra/shard_cache.py``, ``root_volume_cache_gib``)."""
+    return ROOT_VOLUME_GIB[group.role] + root_volume_cache_gib(spec, group)
 
 
 HOST_SPEC_DIR = str(PurePosixPath(DEPLOYED_SPEC_PATH).parent)
@@ -255,7 +200,7 @@ def user_data_script(
         'printf \'{"credHelpers": {"%s": "ecr-login"}}\\n\' "$REGISTRY" '
         '> "$DOCKER_CONFIG/config.json"',
         'retry docker pull "$IMAGE"',
-        *(shard_cache_lines() if group.role is Role.DATAPREP else []),
+        *(shard_cache_lines(cache_bytes(spec)) if group.role is Role.DATAPREP else []),
         # EFA devices, when the instance has them (none on types without EFA).
         "EFA_DEVICES=$(for d in /dev/infiniband/uverbs*; do "
         '[ -e "$d" ] && printf -- "--device=%s " "$d"; done; true)',
@@ -464,7 +409,7 @@ class InstanceGroupFleet(Construct):
             # Fixed groups: 0 to count (job end and ``hetero job start`` set MinSize 0 too).
             # An elastic dataprep group: the spec's min and max, which bound the data-tier
             # controller's SetDesiredCapacity (training/dataplane/autoscale.py); it starts at
-            # count. Job end still sets MinSize and DesiredCapacity to 0.
+            # count. Job end sets MinSize, MaxSize and DesiredCapacity to 0 (job_end.py).
             min_capacity=group.min_size if group.elastic else 0,
             max_capacity=group.max_size,
             desired_capacity=group.count,

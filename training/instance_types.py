@@ -2,14 +2,28 @@
 
 The spec validator uses it to refuse impossible clusters before anything is deployed (EFA asked
 for on a type without it, burstable types in a cluster placement group, unknown types); the
-infrastructure uses it to add one EFA interface per network card; metrics and the planner use
-its On-Demand prices when the spec gives none.
+infrastructure uses it to add one EFA interface per network card and to grow the dataprep root
+volume for the shard cache only where a type's instance store cannot hold it; metrics and the
+planner use its On-Demand prices when the spec gives none.
 
 Prices are us-east-1 Linux On-Demand list prices in USD per hour, as of ``PRICES_AS_OF``: the
 Price List API's figures as aws/karpenter-provider-aws recorded them on that date
 (``pkg/providers/pricing/zz_generated.pricing_aws.go``, "generated at 2026-07-20T13:44:30Z for
 us-east-1"; p4d and p4de after AWS's June 2025 price cut). They drift: pass explicit prices in
 the spec (``[job.prices]``) for figures you will act on.
+
+Instance store (the CPU types with NVMe instance store, the ``d`` types, where a dataprep
+instance keeps its shard cache: ``infra/shard_cache.py``): volumes per type and the size of
+each, in GB, from the EC2 User Guide's "Available instance store volumes" table
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/InstanceStorage.html#instance-store-volumes,
+as github.com/awsdocs/amazon-ec2-user-guide ``doc_source/InstanceStorage.md`` holds it at commit
+5bcb1f4, 2022-11-05; the tables now live in the Instance Types guide, "Instance store
+specifications": https://docs.aws.amazon.com/ec2/latest/instancetypes/co.html#co_instance-store
+for c5d and c6id, .../gp.html for m6id). Cross-checked against the totals
+(``karpenter.k8s.aws/instance-local-nvme``) of aws/karpenter-provider-aws
+``website/content/en/preview/reference/instance-types.md`` (generated from DescribeInstanceTypes,
+2026-07-11), which also gives these types' vCPUs, memory and EFA support. Only x86_64 types:
+every instance runs the same x86_64 image, so Graviton ``d`` types (c6gd, c7gd) are left out.
 """
 
 from __future__ import annotations
@@ -30,6 +44,17 @@ class InstanceType:
     efa_network_cards: int
     """How many network cards can carry an EFA interface (0: the type has no EFA)."""
     on_demand_usd_per_hour: float
+    instance_store_volumes: int = 0
+    """How many NVMe instance store volumes the type has (0: none, EBS only)."""
+    instance_store_volume_gb: int = 0
+    """The size of each of them in GB as AWS lists it ("2 x 1900 GB"), taken as 10^9 bytes like
+    the spec's ``cache_gb``. The boot puts the shard cache on one volume, so this, not the
+    total, is what the cache can use."""
+
+    @property
+    def instance_store_volume_bytes(self) -> int:
+        """One instance store volume's size in bytes (0 without instance store)."""
+        return self.instance_store_volume_gb * 10**9
 
     @property
     def family(self) -> str:
@@ -87,6 +112,15 @@ CATALOG: dict[str, InstanceType] = {
         InstanceType("c7i.48xlarge", 192, 384, 0, None, 1, 8.568),
         InstanceType("m6i.4xlarge", 16, 64, 0, None, 0, 0.768),
         InstanceType("m7i.4xlarge", 16, 64, 0, None, 0, 0.8064),
+        # CPU with NVMe instance store (volumes, GB each): dataprep groups that cache shards on
+        # local disk.
+        InstanceType("c5d.9xlarge", 36, 72, 0, None, 0, 1.728, 1, 900),
+        InstanceType("c5d.18xlarge", 72, 144, 0, None, 0, 3.456, 2, 900),
+        InstanceType("c6id.4xlarge", 16, 32, 0, None, 0, 0.8064, 1, 950),
+        InstanceType("c6id.8xlarge", 32, 64, 0, None, 0, 1.6128, 1, 1900),
+        InstanceType("c6id.16xlarge", 64, 128, 0, None, 0, 3.2256, 2, 1900),
+        InstanceType("c6id.32xlarge", 128, 256, 0, None, 1, 6.4512, 4, 1900),
+        InstanceType("m6id.4xlarge", 16, 64, 0, None, 0, 0.9492, 1, 950),
         # Burstable: listed so the validator can name the problem rather than "unknown type".
         InstanceType("t3.medium", 2, 4, 0, None, 0, 0.0416),
         InstanceType("t3.large", 2, 8, 0, None, 0, 0.0832),

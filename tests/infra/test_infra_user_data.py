@@ -4,8 +4,13 @@ PATH. The tests assert the exact command sequence, the retries, the failure when
 succeeds (ending in ``shutdown -h now``, which the launch template turns into a termination) and
 the restart policy the launcher runs under.
 
-Only two lines are rewritten before running: where the spec and Docker's configuration go on the
-host (``HOST_SPEC_DIR=``, ``export DOCKER_CONFIG=``), so the test writes under its own folder."""
+Only the lines that name host paths are rewritten before running: where the spec and Docker's
+configuration go (``HOST_SPEC_DIR=``, ``export DOCKER_CONFIG=``) and, on dataprep hosts, the shard
+cache's folder and what the boot reads to choose its volume (``HOST_SHARD_CACHE=``, ``SYS_BLOCK=``,
+``PROC_MOUNTS=``), so the test writes and reads under its own folder: a fake sysfs of NVMe
+volumes (model and size) and a fake mounts table. The instance store tests of specs with
+``cache_gb`` take the script from ``user_data_script`` itself (the function the launch template's
+user data comes from) rather than synthesizing a stack per spec."""
 
 from __future__ import annotations
 
@@ -15,12 +20,17 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from infra_support import SPOT_SPEC, BuiltApp, build
+
+from infra.instance_group import user_data_script
+from training.spec import parse_spec
 
 REGION = "eu-west-1"
 ACCOUNT = "111122223333"
@@ -115,9 +125,13 @@ class Boot:
         script: str,
         *,
         docker_installed: bool = True,
-        nvme: dict[str, str] | None = None,
+        nvme: Mapping[str, str] | None = None,
+        sizes: Mapping[str, int] | None = None,
+        mounted: Sequence[str] = (),
     ) -> None:
-        """``nvme``: the host's NVMe disks, name to model as sysfs gives it (padded)."""
+        """``nvme``: the host's NVMe disks, name to model as sysfs gives it (padded);
+        ``sizes``: their sizes in bytes (written as sysfs does, in 512-byte sectors; a disk
+        without one has no ``size`` file); ``mounted``: the disks the mounts table lists."""
         self.tmp = tmp
         self.spec_dir = tmp / "host" / "deployed"
         self.docker_config = tmp / "host" / "docker"
@@ -126,7 +140,16 @@ class Boot:
         for disk, model in (nvme or {}).items():
             (self.sys_block / disk / "device").mkdir(parents=True)
             (self.sys_block / disk / "device" / "model").write_text(model)
+        for disk, size in (sizes or {}).items():
+            assert size % 512 == 0, size
+            (self.sys_block / disk / "size").write_text(f"{size // 512}\n")
         self.sys_block.mkdir(parents=True, exist_ok=True)
+        self.proc_mounts = tmp / "proc" / "mounts"
+        self.proc_mounts.parent.mkdir()
+        self.proc_mounts.write_text(
+            "".join(f"/dev/{disk} /data/{disk} xfs rw,noatime 0 0\n" for disk in mounted)
+            + "/dev/nvme0n1p1 / xfs rw,noatime 0 0\n"
+        )
         lines = script.splitlines()
         assert "HOST_SPEC_DIR=/opt/hetero/deployed" in lines
         assert "export DOCKER_CONFIG=/root/.docker" in lines
@@ -139,6 +162,7 @@ class Boot:
                 "HOST_SHARD_CACHE=/var/lib/hetero/shards", f"HOST_SHARD_CACHE={self.shard_cache}"
             )
             .replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={self.sys_block}")
+            .replace("PROC_MOUNTS=/proc/mounts", f"PROC_MOUNTS={self.proc_mounts}")
         )
         self.bin = tmp / "bin"
         self.bin.mkdir()
@@ -371,7 +395,9 @@ def test_without_instance_store_the_cache_is_on_the_root_volume(
     assert "mkfs.xfs" not in names and "mount" not in names
     assert boot.shard_cache.is_dir()  # the folder the container mounts exists
     assert boot.calls()[-1] == ("docker", _expected_run(_image(spot), "dataprep", False, boot))
-    assert "no instance store volume; the shard cache is on the root volume" in result.stdout
+    assert (
+        "no instance store volume is free; the shard cache is on the root volume" in result.stdout
+    )
 
 
 def test_a_failed_format_leaves_the_cache_on_the_root_volume(
@@ -396,3 +422,135 @@ def test_trainers_leave_instance_store_alone(spot: BuiltApp, tmp_path: Path) -> 
     assert boot.run().returncode == 0
     names = [name for name, _ in boot.calls()]
     assert "mkfs.xfs" not in names and "mount" not in names
+
+
+# Volume sizes as AWS lists them (training/instance_types.py): one c6id.2xlarge volume (474 GB),
+# one c6id.4xlarge volume (950 GB).
+GB = 10**9
+SMALL_STORE = 474 * GB
+BIG_STORE = 950 * GB
+CACHE_SPEC = SPOT_SPEC.replace(
+    "[job]\nsteps = 100\n",
+    '[job]\nsteps = 100\n[job.dataset]\nsource = "shards"\npath = "s3://d/imagenet/"\n',
+)
+IMAGE = f"{REGISTRY}/hetero:test"
+
+
+def _dataprep_script(cache_gb: float | None) -> str:
+    """The dataprep group's user data for ``SPOT_SPEC`` reading shards, with ``cache_gb``."""
+    text = CACHE_SPEC + (f"cache_gb = {cache_gb}\n" if cache_gb is not None else "")
+    spec = parse_spec(tomllib.loads(text))
+    assert spec.job.dataset.cache_gb == cache_gb
+    return "\n".join(
+        user_data_script(
+            spec=spec,
+            group=spec.group("dataprep"),
+            spec_text=text,
+            image_uri=IMAGE,
+            region=REGION,
+            log_group_name=LOG_GROUP,
+            checkpoint_uri=f"s3://{BUCKET}/checkpoints/",
+            asg_names=["vit-spot-trainer", "vit-spot-dataprep"],
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("cache_gb", "nvme", "sizes", "mounted", "chosen", "skipped"),
+    [
+        pytest.param(
+            500,
+            {
+                "nvme0n1": EBS_MODEL,
+                "nvme1n1": INSTANCE_STORE_MODEL,
+                "nvme2n1": INSTANCE_STORE_MODEL,
+            },
+            {"nvme0n1": 100 * GB, "nvme1n1": SMALL_STORE, "nvme2n1": BIG_STORE},
+            (),
+            "nvme2n1",
+            ("nvme1n1",),
+            id="the first volume that holds the cache, past a smaller one",
+        ),
+        pytest.param(
+            500,
+            {"nvme0n1": EBS_MODEL, "nvme1n1": INSTANCE_STORE_MODEL},
+            {"nvme0n1": 2000 * GB, "nvme1n1": SMALL_STORE},
+            (),
+            None,
+            ("nvme1n1",),
+            id="every instance store volume too small (a bigger EBS volume is not one)",
+        ),
+        pytest.param(
+            500,
+            {"nvme1n1": INSTANCE_STORE_MODEL, "nvme2n1": INSTANCE_STORE_MODEL},
+            {"nvme1n1": BIG_STORE, "nvme2n1": BIG_STORE},
+            ("nvme1n1",),
+            "nvme2n1",
+            (),
+            id="a volume already mounted is left alone",
+        ),
+        pytest.param(
+            500,
+            {"nvme1n1": INSTANCE_STORE_MODEL},
+            {"nvme1n1": 500 * GB},
+            (),
+            "nvme1n1",
+            (),
+            id="exactly cache_gb is enough",
+        ),
+        pytest.param(
+            500,
+            {"nvme1n1": INSTANCE_STORE_MODEL},
+            {"nvme1n1": 500 * GB - 512},
+            (),
+            None,
+            ("nvme1n1",),
+            id="one sector short is not",
+        ),
+        pytest.param(
+            None,
+            {"nvme1n1": INSTANCE_STORE_MODEL},
+            {"nvme1n1": SMALL_STORE},
+            (),
+            "nvme1n1",
+            (),
+            id="no cache_gb: any instance store volume",
+        ),
+    ],
+)
+def test_instance_store_holds_the_cache_only_when_big_enough(
+    tmp_path: Path,
+    cache_gb: float | None,
+    nvme: dict[str, str],
+    sizes: dict[str, int],
+    mounted: tuple[str, ...],
+    chosen: str | None,
+    skipped: tuple[str, ...],
+) -> None:
+    """An explicit ``cache_gb`` is a cap the cache fills (``shard_source.py``): a volume smaller
+    than it would run out of space, so the boot passes it over, and with none big enough the
+    cache stays on the root volume (which the stack grew for it: ``root_volume_gib``)."""
+    boot = Boot(tmp_path, _dataprep_script(cache_gb), nvme=nvme, sizes=sizes, mounted=mounted)
+    result = boot.run()
+    assert result.returncode == 0, result.stderr
+    calls = boot.calls()
+    disk_calls = [(name, argv) for name, argv in calls if name in ("mkfs.xfs", "mount")]
+    if chosen is None:
+        assert disk_calls == []
+        assert (
+            "hetero boot: no instance store volume of at least 500000000000 bytes (cache_gb 500) "
+            "is free; the shard cache is on the root volume"
+        ) in result.stdout.splitlines()
+    else:
+        assert disk_calls == [
+            ("mkfs.xfs", ["-f", "-K", f"/dev/{chosen}"]),
+            ("mount", ["-o", "noatime", f"/dev/{chosen}", str(boot.shard_cache)]),
+        ]
+        assert f"hetero boot: the shard cache is on instance store /dev/{chosen}" in result.stdout
+    # Each instance store volume passed over for its size is named, with both sizes.
+    assert [line for line in result.stderr.splitlines() if "not used for the cache" in line] == [
+        f"hetero boot: instance store /dev/{disk} has {sizes[disk]} bytes, less than the shard "
+        "cache asks for (cache_gb 500: 500000000000 bytes); not used for the cache"
+        for disk in skipped
+    ]
+    assert calls[-1] == ("docker", _expected_run(IMAGE, "dataprep", False, boot))

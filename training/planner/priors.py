@@ -166,6 +166,13 @@ BASELINE_GBPS: dict[str, float] = {
     "c7i.48xlarge": 50.0,
     "m6i.4xlarge": 6.25,
     "m7i.4xlarge": 6.25,
+    "c5d.9xlarge": 12.0,
+    "c5d.18xlarge": 25.0,
+    "c6id.4xlarge": 6.25,
+    "c6id.8xlarge": 12.5,
+    "c6id.16xlarge": 25.0,
+    "c6id.32xlarge": 50.0,
+    "m6id.4xlarge": 6.25,
 }
 BURST_GBPS: dict[str, float] = {
     "p3.2xlarge": 10.0,
@@ -181,6 +188,8 @@ BURST_GBPS: dict[str, float] = {
     "c7i.4xlarge": 12.5,
     "m6i.4xlarge": 12.5,
     "m7i.4xlarge": 12.5,
+    "c6id.4xlarge": 12.5,
+    "m6id.4xlarge": 12.5,
 }
 SINGLE_FLOW_GBPS_IN_PLACEMENT_GROUP = 10.0
 """One TCP/UDP flow (5-tuple) between instances of one cluster placement group gets up to
@@ -233,6 +242,17 @@ DATAPREP_TYPES = (
     "c7i.48xlarge",
     "m6i.4xlarge",
     "m7i.4xlarge",
+    # NVMe instance store (a dataprep host keeps its shard cache there: infra/shard_cache.py).
+    # Dearer per vCPU than their EBS-only twins, and the planner does not credit what a local
+    # cache saves in S3 reads, so they win on price alone; `--compare '... + M x c6id.8xlarge'`
+    # prices one as a fixed dataprep group.
+    "c5d.9xlarge",
+    "c5d.18xlarge",
+    "c6id.4xlarge",
+    "c6id.8xlarge",
+    "c6id.16xlarge",
+    "c6id.32xlarge",
+    "m6id.4xlarge",
 )
 """CPU types the planner tries for the dataprep group (plus the spec's own dataprep types). The
 planner assumes a vCPU augments as fast on each (*estimate*; the measurement is from one Xeon),
@@ -317,6 +337,13 @@ INTERRUPTION_BAND: dict[str, str] = {
     "c7i.48xlarge": ">20%",
     "m6i.4xlarge": ">20%",
     "m7i.4xlarge": "5-10%",
+    "c5d.9xlarge": "5-10%",
+    "c5d.18xlarge": "10-15%",
+    "c6id.4xlarge": ">20%",
+    "c6id.8xlarge": ">20%",
+    "c6id.16xlarge": ">20%",
+    "c6id.32xlarge": "15-20%",
+    "m6id.4xlarge": ">20%",
     "t3.medium": "<5%",
     "t3.large": "5-10%",
     "t3.xlarge": "10-15%",
@@ -372,6 +399,13 @@ SPOT_PRICE_RATIO: dict[str, float] = {
     "c7i.48xlarge": 0.25,
     "m6i.4xlarge": 0.34,
     "m7i.4xlarge": 0.48,
+    "c5d.9xlarge": 0.41,
+    "c5d.18xlarge": 0.34,
+    "c6id.4xlarge": 0.45,
+    "c6id.8xlarge": 0.41,
+    "c6id.16xlarge": 0.35,
+    "c6id.32xlarge": 0.28,
+    "m6id.4xlarge": 0.33,
     "t3.medium": 0.44,
     "t3.large": 0.38,
     "t3.xlarge": 0.4,

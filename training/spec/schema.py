@@ -158,7 +158,9 @@ class DatasetSpec:
     ``hetero-shards``)."""
     cache_gb: float | None = None
     """``shards`` in S3: the cache's size cap (default: the dataset's size, at most 80% of
-    the free space in ``cache_dir``)."""
+    the free space in ``cache_dir``). On AWS a dataprep instance keeps the cache on an NVMe
+    instance store volume of at least this size, else on its root volume, which the stack grows
+    by it when a listed type has no such volume (``infra/shard_cache.py``)."""
 
     @property
     def has_validation(self) -> bool:
