@@ -118,12 +118,12 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
 
 
 # The backstop with no launcher left (scenarios/no-launcher-left.toml): every launcher SIGKILLed
-# 20 s into the rehearsal, the instances left running. The launchers put the backstop at their
+# 15 s into the rehearsal, the instances left running. The launchers put the backstop at their
 # loop's start (under 4 s in, with the machine busy with other tests), long before their
 # trainers' first step; the deadline is this long after the job's start, so nothing but the
 # scheduled actions can end the job.
 NO_LAUNCHER = Path(__file__).parent / "scenarios" / "no-launcher-left.toml"
-BACKSTOP_DEADLINE_S = 40.0
+BACKSTOP_DEADLINE_S = 30.0
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)
