@@ -4,7 +4,6 @@ data server's launcher loop (``Ec2Job``) against moto."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,18 +11,11 @@ from typing import Any
 from training.common.jobrecord import JobRecord
 from training.common.outcome import EXIT_STOPPED
 from training.launcher.budget import Budget, JobClock
-from training.launcher.ec2_job import Ec2Job
-from training.launcher.group import GroupIdentity, GroupSource
-from training.launcher.loop_settings import LoopSettings
-from training.launcher.peers import Peers
-from training.launcher.plan import Backend, LaunchPlan
-from training.launcher.roles import RoleCommand
 from training.launcher.tier_budget import TierBudgetWatch
-from training.spec import Role
 
 from .conftest import FakeImds
-from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (a fixture)
-from .test_launcher_trainer_watch import SERVER, Clock, _write
+from .test_launcher_ec2_job import URI, cluster, desired  # noqa: F401 (a fixture)
+from .test_launcher_trainer_watch import Clock, _write, data_server_job
 
 BUDGET = Budget(max_hours=0.01, max_usd=None, usd_per_hour=2.0)  # 36 s
 
@@ -98,31 +90,11 @@ def test_a_data_server_alone_past_the_budget_ends_the_job_stopped(
     watch (bound 600 s here) did not get to end it failed."""
     spec = cluster["spec"]
     spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job, max_hours=0.01))
-    identity = GroupIdentity(
-        "dataprep", GroupSource.EC2, host=cluster["ip"], instance_id="i-dataprep0",
-        region=REGION, cluster="one",
-    )  # fmt: skip
-
-    def plan_for(found: Peers, port: int, outcome_dir: str) -> LaunchPlan:
-        return LaunchPlan(
-            backend=Backend.EC2, identity=identity, role=Role.DATAPREP, peers=found,
-            commands=(("data-server", RoleCommand((sys.executable, "-c", SERVER), {})),),
-        )  # fmt: skip
-
-    settings = LoopSettings(
-        restart_budget=1, restart_backoff_s=0.05, peer_timeout_s=10, poll_s=0.1,
-        spot_poll_s=0.1, grace_s=10, imds_url=fake_imds.url, imds_timeout_s=1.0,
-        subreaper=False, heartbeat_s=0.1, no_trainer_timeout_s=600.0,
-    )  # fmt: skip
     record = JobRecord(URI)
     record.started(time.time() - 37.0)  # 1 s past max_hours 0.01
     # A trainer host's last write, 1 s ago: older than live_s (2 heartbeats, 0.2 s).
     record.set_host("i-trainer0", group="trainer", state="waiting-for-peers", time=time.time() - 1)
-    job = Ec2Job(
-        spec, identity=identity, settings=settings, plan_for=plan_for, environ={},
-        run_dir=tmp_path / "run", ec2=cluster["ec2"], autoscaling=cluster["asg"],
-        record=record, asg_names=cluster["names"],
-    )  # fmt: skip
+    job = data_server_job(cluster, tmp_path, fake_imds, spec=spec, no_trainer_timeout_s=600.0)
     started = time.monotonic()
     assert job.run() == EXIT_STOPPED
     assert time.monotonic() - started < 30

@@ -18,7 +18,7 @@ from training.launcher.peers import Peers
 from training.launcher.plan import Backend, LaunchPlan
 from training.launcher.roles import RoleCommand
 from training.launcher.trainer_watch import NoTrainerWatch, newest_trainer_write
-from training.spec import Role
+from training.spec import ClusterSpec, Role
 
 from .conftest import FakeImds
 from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (a fixture)
@@ -111,15 +111,16 @@ while True:
 """
 
 
-def test_a_data_server_with_no_trainer_ends_the_job_failed(
+def data_server_job(
     cluster: dict[str, Any],  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
     fake_imds: FakeImds,
-) -> None:
-    """No trainer host ever writes to the job record: after the bound, the data server's
-    launcher records ``failed`` with the reason, scales every group to zero, stops its server
-    and exits 1."""
-    spec = cluster["spec"]
+    *,
+    spec: ClusterSpec,
+    no_trainer_timeout_s: float,
+) -> Ec2Job:
+    """The data server's launcher loop on ``cluster``'s dataprep instance, its server a stand-in
+    that exits 0 on SIGTERM, every watch beating every 0.1 s."""
     identity = GroupIdentity(
         "dataprep", GroupSource.EC2, host=cluster["ip"], instance_id="i-dataprep0",
         region=REGION, cluster="one",
@@ -134,13 +135,26 @@ def test_a_data_server_with_no_trainer_ends_the_job_failed(
     settings = LoopSettings(
         restart_budget=1, restart_backoff_s=0.05, peer_timeout_s=10, poll_s=0.1,
         spot_poll_s=0.1, grace_s=10, imds_url=fake_imds.url, imds_timeout_s=1.0,
-        subreaper=False, heartbeat_s=0.1, no_trainer_timeout_s=1.0,
+        subreaper=False, heartbeat_s=0.1, no_trainer_timeout_s=no_trainer_timeout_s,
     )  # fmt: skip
-    job = Ec2Job(
+    return Ec2Job(
         spec, identity=identity, settings=settings, plan_for=plan_for, environ={},
         run_dir=tmp_path / "run", ec2=cluster["ec2"], autoscaling=cluster["asg"],
         record=JobRecord(URI), asg_names=cluster["names"],
     )  # fmt: skip
+
+
+def test_a_data_server_with_no_trainer_ends_the_job_failed(
+    cluster: dict[str, Any],  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    fake_imds: FakeImds,
+) -> None:
+    """No trainer host ever writes to the job record: after the bound, the data server's
+    launcher records ``failed`` with the reason, scales every group to zero, stops its server
+    and exits 1."""
+    job = data_server_job(
+        cluster, tmp_path, fake_imds, spec=cluster["spec"], no_trainer_timeout_s=1.0
+    )
     started = time.monotonic()
     assert job.run() == EXIT_FAILED
     assert time.monotonic() - started < 30

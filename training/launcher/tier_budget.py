@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 
 from training.common.jobrecord import JobRecord
 from training.launcher.budget import JobClock
-from training.launcher.trainer_watch import newest_trainer_write
+from training.launcher.trainer_watch import last_trainer_write
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,10 @@ class TierBudgetWatch:
         if over_s >= self.grace_s:
             log.warning("budget spent %.0f s ago and no trainer ended the job", over_s)
             return reason
-        try:
-            hosts = self.record.hosts()
-        except Exception as e:  # No decision without the record.
-            log.warning("could not read the job record's hosts: %s", e)
+        last = last_trainer_write(self.record, self.trainer_groups)
+        if last is None:
             return None
-        newest, who = newest_trainer_write(hosts, self.trainer_groups)
+        newest, who = last
         if newest is not None and self.now() - newest < self.live_s:
             log.info("budget spent; trainer host %s is alive and saving: serving it", who)
             return None

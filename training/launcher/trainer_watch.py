@@ -43,6 +43,19 @@ def newest_trainer_write(
     return newest if newest is not None else (None, None)
 
 
+def last_trainer_write(
+    record: JobRecord, trainer_groups: Collection[str]
+) -> tuple[float | None, str | None] | None:
+    """``newest_trainer_write`` of the job record's hosts; None (logged) when the record cannot
+    be read: no decision without it."""
+    try:
+        hosts = record.hosts()
+    except Exception as e:
+        log.warning("could not read the job record's hosts: %s", e)
+        return None
+    return newest_trainer_write(hosts, trainer_groups)
+
+
 class NoTrainerWatch:
     """``check()`` returns the reason to end the job once no trainer host has written to the job
     record for ``timeout_s``; None otherwise (and while the record cannot be read)."""
@@ -62,12 +75,10 @@ class NoTrainerWatch:
         self.started = clock()
 
     def check(self) -> str | None:
-        try:
-            hosts = self.record.hosts()
-        except Exception as e:  # No decision without the record.
-            log.warning("could not read the job record's hosts: %s", e)
+        last = last_trainer_write(self.record, self.trainer_groups)
+        if last is None:
             return None
-        newest, who = newest_trainer_write(hosts, self.trainer_groups)
+        newest, who = last
         since = max(self.started, newest) if newest is not None else self.started
         silent = self.clock() - since
         if silent < self.timeout_s:
