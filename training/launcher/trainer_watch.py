@@ -83,12 +83,12 @@ class NoTrainerWatch:
         silent = self.clock() - since
         if silent < self.timeout_s:
             return None
-        last = (
+        seen = (
             f"the last trainer host to write was {who}, {silent:.0f} s ago"
             if newest is not None and newest >= self.started
             else "no trainer host wrote since this data server started"
         )
         return (
-            f"no live trainer host for {self.timeout_s:.0f} s (job record hosts/: {last}); "
+            f"no live trainer host for {self.timeout_s:.0f} s (job record hosts/: {seen}); "
             "the data servers would serve nobody"
         )
