@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("training.common",),
-    ("training.spec", "training.instance_types", "training.network_cost"),
+    ("training.spec", "training.instance_types", "training.network_cost", "training.prices"),
     ("training.data",),
     ("training.dataplane",),
     ("training.trainer",),

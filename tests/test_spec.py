@@ -620,3 +620,38 @@ def test_cli_check_shows_an_elastic_groups_min_max_beside_its_count(
     warned = [line for line in capsys.readouterr().out.splitlines() if "prefetch_batches" in line]
     assert warned == [f"warning: {load_spec(path).window_warning}"]
     assert "set prefetch_batches = 10 " in warned[0]
+
+
+def test_cli_check_prices_each_group_at_its_most_offline_and_says_what_the_cap_leaves_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training import cli
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per row: no wrapping
+    # No AWS: spec check prices from the dated catalogue, never asking (no credentials here).
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    text = (REPO / "cluster.toml").read_text()
+    count = text.index("count = ", text.index('role = "dataprep"'))
+    end = text.index("\n", count)
+    path = tmp_path / "elastic.toml"
+    path.write_text(text[:end] + "\nmin_count = 1\nmax_count = 4" + text[end:])
+    assert cli.main(["spec", "check", "--spec", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = out.index(
+        "prices at their most (what job.max_usd bounds; the catalogue's are us-east-1 On-Demand "
+        "list prices of 2026-07-20, Spot = 0.35 x On-Demand; hetero job start records the day's "
+        "prices from AWS instead):"
+    )
+    # cluster.toml: 2 Spot trainers of g5.xlarge (1.006, dearer than g6.xlarge's 0.8048) and
+    # the dataprep group at max_count 4 of c7i.4xlarge (0.714, dearer than c6i.4xlarge's 0.68).
+    assert out[start + 1 : start + 6] == [
+        "  group     at its most      market  USD/h each  USD/h   source, as of",
+        "  trainer   2 x g5.xlarge    spot    0.3521      0.7042  catalogue, 2026-07-20",
+        "  dataprep  4 x c7i.4xlarge  spot    0.2499      0.9996  catalogue, 2026-07-20",
+        "  total at its most: 1.7038 USD/h",
+        "not in job.max_usd: EBS root volumes (billed per GB-month while they exist), data "
+        "transfer, and the network stack's interface endpoints:",
+    ]
+    assert out[start + 6].startswith("network stack hetero-vit-network: 7 interface endpoints")
+    [dataprep] = [line for line in out if "dataprep" in line and "│" in line]
+    assert dataprep.split("│")[-2].strip() == "1.00"  # the table's max USD/h: 4 x 0.2499

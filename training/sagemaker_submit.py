@@ -16,6 +16,12 @@ How a spec becomes one ``CreateTrainingJob`` request:
   the same URI in ``HETERO_CHECKPOINT_URI`` so the trainer writes every host's shards there
   itself (the container cannot see ``CheckpointConfig`` otherwise).
 
+Prices: none are looked up. SageMaker bills its ``ml.*`` instances at SageMaker's own rates
+(https://aws.amazon.com/sagemaker/pricing/), not EC2's, and hetero reads neither SageMaker's
+Price List nor a catalogue of them, so the output says so (``PRICES_NOTE``) rather than show
+EC2's figures. The budget (``job.max_usd`` / ``job.max_hours``) is kept by the EC2 launchers
+only: on SageMaker, ``--max-run`` is what stops the job, and a spec with a cap is warned.
+
 Which instance types SageMaker offers: the ``TrainingInstanceType`` enum of the SageMaker
 service model in the installed botocore (the same list the API reference publishes). A type
 missing there is refused before anything is created; if SageMaker has added it since, upgrading
@@ -68,6 +74,12 @@ REQUIRED_OUTPUTS = (
     "CheckpointUri",
 )
 """Cluster stack outputs the request is built from (``infra/stacks.py``)."""
+
+
+PRICES_NOTE = (
+    "prices: not looked up; SageMaker bills ml.* instances at its own rates "
+    "(https://aws.amazon.com/sagemaker/pricing/), which hetero does not read"
+)
 
 
 class SubmitError(RuntimeError):
@@ -221,7 +233,7 @@ def submit(
         print(json.dumps(plan.request, indent=2))
         print(
             f"dry run: would upload {spec_path} to s3://{plan.spec_bucket}/{plan.spec_key} and "
-            "create the job above; nothing was created",
+            f"create the job above; nothing was created\n{PRICES_NOTE}",
             file=sys.stderr,
         )
         return 0
@@ -233,6 +245,7 @@ def submit(
         f"  status:  aws sagemaker describe-training-job --training-job-name {name} "
         f"--region {region}"
     )
+    print(f"  {PRICES_NOTE}")
     return 0
 
 
@@ -307,6 +320,14 @@ def build_plan(
         problems.append(f"--volume-size-gb {volume_size_gb}: give at least 1 GB")
 
     groups = instance_groups(spec, rules, problems)
+    cap_values = {"max_usd": spec.job.max_usd, "max_hours": spec.job.max_hours}
+    caps = [f"job.{k} = {v:g}" for k, v in cap_values.items() if v is not None]
+    if caps:
+        warnings.append(
+            f"{' and '.join(caps)} will not stop this job: hetero's budget is kept by its EC2 "
+            f"launchers, and on SageMaker only --max-run ({max_run_s} s, MaxRuntimeInSeconds) "
+            "stops it"
+        )
     if spec.job.dataset.source is DatasetSource.FOLDER:
         warnings.append(
             f"job.dataset is the folder {spec.job.dataset.path!r}: SageMaker gets no channel for "

@@ -7,7 +7,9 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from training.instance_types import PRICES_AS_OF, PRICES_REGION
 from training.network_cost import network_cost_line
+from training.prices import offline_prices, price_lines
 from training.spec import PLACEMENT_WARNING_FIX, load_spec
 
 
@@ -18,11 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    priced = offline_prices(spec)  # offline: spec check never asks AWS
     table = Table(title=f"{spec.name} ({spec.source})")
-    for col in ("group", "role", "instance types", "count", "market", "EFA", "ranks", "USD/h"):
+    for col in ("group", "role", "instance types", "count", "market", "EFA", "ranks", "max USD/h"):
         table.add_column(col)
-    for g in spec.groups:
-        usd = g.count * spec.job.prices.hourly(g.instance_types[0], g.market)
+    for g, price in zip(spec.groups, priced.prices, strict=True):
         table.add_row(
             g.name,
             g.role.value,
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
             g.market.value,
             f"{g.efa.value} ({'yes' if g.use_efa else 'no'})",
             str(g.ranks_per_instance * g.count) if g.role.value == "trainer" else "-",
-            f"{usd:.2f}",
+            f"{price.group_usd_per_hour:.2f}",
         )
     console = Console()
     console.print(table)
@@ -48,6 +50,20 @@ def run(args: argparse.Namespace) -> int:
         + ", ".join(
             f"{g.name} {'cluster' if g.uses_cluster_placement else 'none'}" for g in spec.groups
         ),
+        markup=False,
+    )
+    # What job.max_usd bounds, priced offline; `hetero job start` records the day's prices.
+    console.print(
+        f"prices at their most (what job.max_usd bounds; the catalogue's are {PRICES_REGION} "
+        f"On-Demand list prices of {PRICES_AS_OF}, Spot = {job.prices.spot_price_ratio:g} x "
+        "On-Demand; hetero job start records the day's prices from AWS instead):",
+        markup=False,
+    )
+    for line in price_lines(priced.prices):
+        console.print(f"  {line}", markup=False, highlight=False)
+    console.print(
+        "not in job.max_usd: EBS root volumes (billed per GB-month while they exist), data "
+        "transfer, and the network stack's interface endpoints:",
         markup=False,
     )
     # The one cost that does not end with the job: the network stack's interface endpoints.

@@ -282,6 +282,9 @@ def requests(call: Mapping[str, Any], stack: Stack) -> list[Request]:
     if service == "ec2":
         # Describe* and GetSpotPlacementScores have no resource types (list_amazonec2.html).
         return [Request(action, "*")]
+    if service == "pricing":
+        # The Price List API has no resource types (list_awspricelist.html).
+        return [Request(action, "*")]
     if service == "ssm" and operation in ("GetParameter", "PutParameter", "GetParameters"):
         names = params["Names"] if operation == "GetParameters" else [params["Name"]]
         # AWS's public parameters (/aws/service/...) belong to no account.

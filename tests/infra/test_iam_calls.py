@@ -228,6 +228,11 @@ def test_the_record_covers_every_path_that_calls_aws(
         ),
         "user: sagemaker submit": _has(recorded["user"], "CreateTrainingJob"),
         "user: job start": _has(recorded["user"], "PutParameter"),
+        # The new job's prices: Spot in the groups' AZ, On-Demand from the Price List API.
+        "user: job start's Spot prices": _has(recorded["user"], "DescribeSpotPriceHistory"),
+        "user: job start's On-Demand prices": _has(
+            recorded["user"], "GetProducts", ServiceCode="AmazonEC2"
+        ),
     }
     missing = sorted(name for name, found in wanted.items() if not found)
     assert not missing, f"not in {aws_calls.RECORD.name}: {missing}"

@@ -110,7 +110,7 @@ def test_status_shows_spend_against_the_cap_until_the_end(tmp_path: Path) -> Non
     record.started(1000.0)
     running = JobStatus(cluster="one")
     assert budget_line(spec, running, record, now=1000.0 + 1800) == (
-        "1.80 USD over 0.50 h at 3.60 USD/h; max_usd 10, max_hours 4"
+        "1.80 USD over 0.50 h at 3.60 USD/h from spec; max_usd 10, max_hours 4"
     )
     ended = JobStatus(cluster="one", outcome={"outcome": "stopped", "time": 1000.0 + 3600})
     assert budget_line(spec, ended, record, now=1e9).startswith("3.60 USD over 1.00 h")
@@ -391,5 +391,5 @@ def test_job_start_may_give_the_resumed_job_a_cap_of_its_own(
         status = JobStatus(cluster="one", job=asdict(pointer))
         record = JobRecord(str(tmp_path / "ckpt"))
         assert budget_line(spec, status, record, now=NOW.timestamp() + 3600) == (
-            "3.60 USD over 1.00 h at 3.60 USD/h; max_usd 25, max_hours 4"
+            "3.60 USD over 1.00 h at 3.60 USD/h from spec; max_usd 25, max_hours 4"
         )

@@ -14,6 +14,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from training.common.jobparam import (
+    GroupPrice,
     JobParameterNotFound,
     JobPointer,
     JobPointerError,
@@ -61,6 +62,74 @@ def test_a_jobs_own_caps_round_trip_and_are_left_out_when_unset() -> None:
     }  # fmt: skip
     assert parse_job_pointer(text) == capped
     assert "max_usd" not in POINTER.to_json()  # a deploy's pointer is as before the caps
+
+
+def test_the_prices_a_job_start_records_round_trip_and_a_deploys_pointer_has_none() -> None:
+    prices = (
+        GroupPrice("trainer", "g5.xlarge", "spot", 2, 0.4321, "spot-price-history",
+                   "2026-11-22T10:00:00Z"),
+        GroupPrice("dataprep", "c7i.4xlarge", "on-demand", 4, 0.714, "catalogue", "2026-07-20"),
+        GroupPrice("eval", "g6.xlarge", "spot", 1, 0.25, "spec", None),
+    )  # fmt: skip
+    priced = JobPointer(POINTER.job_id, POINTER.checkpoint_uri, prices=prices)
+    text = priced.to_json()
+    assert json.loads(text)["prices"] == [
+        {"group": "trainer", "instance_type": "g5.xlarge", "market": "spot", "count": 2,
+         "usd_per_hour": 0.4321, "source": "spot-price-history", "as_of": "2026-11-22T10:00:00Z"},
+        {"group": "dataprep", "instance_type": "c7i.4xlarge", "market": "on-demand", "count": 4,
+         "usd_per_hour": 0.714, "source": "catalogue", "as_of": "2026-07-20"},
+        {"group": "eval", "instance_type": "g6.xlarge", "market": "spot", "count": 1,
+         "usd_per_hour": 0.25, "source": "spec", "as_of": None},
+    ]  # fmt: skip
+    assert parse_job_pointer(text) == priced
+    assert priced.usd_per_hour == pytest.approx(2 * 0.4321 + 4 * 0.714 + 0.25)
+    # The stack's pointer (a CloudFormation value) is what it was before prices existed.
+    deployed = deployed_job_pointer("name = 'x'\n", "s3://b/checkpoints/")
+    assert "prices" not in json.loads(deployed.to_json())
+    assert deployed.prices is None and deployed.usd_per_hour is None
+
+
+PRICE = (
+    '{"group": "trainer", "instance_type": "g5.xlarge", "market": "spot", "count": 2, '
+    '"usd_per_hour": 0.5, "source": "spot-price-history", "as_of": "2026-11-22T10:00:00Z"}'
+)
+
+
+def one(old: str, new: str) -> str:
+    """A ``prices`` list of one good group price with ``old`` in its JSON replaced by ``new``."""
+    assert old in PRICE
+    return f"[{PRICE.replace(old, new)}]"
+
+
+@pytest.mark.parametrize(
+    ("prices", "expected"),
+    [
+        ("[]", "prices must be a list of objects, one per instance group (got [])"),
+        ('{"trainer": 1}', "prices must be a list of objects, one per instance group"),
+        (one('"spot",', '"reserved",'),
+         "prices[0].market must be one of spot, on-demand (got 'reserved')"),
+        (one('"spot-price-history"', '"guess"'),
+         "prices[0].source must be one of spot-price-history, price-list, spec, catalogue "
+         "(got 'guess')"),
+        (one('"count": 2', '"count": 0'),
+         "prices[0].count must be a whole number above 0 (got 0)"),
+        (one('"usd_per_hour": 0.5', '"usd_per_hour": "0.5"'),
+         "prices[0].usd_per_hour must be a number of 0 or more (got '0.5')"),
+        (one('"usd_per_hour": 0.5', '"usd_per_hour": -1'),
+         "prices[0].usd_per_hour must be a number of 0 or more (got -1)"),
+        (one('"group": "trainer"', '"group": ""'),
+         "prices[0].group must be a non-empty string (got '')"),
+        (one('"as_of": "2026-11-22T10:00:00Z"', '"as_of": 5'),
+         "prices[0].as_of must be a string or null (got 5)"),
+    ],
+)  # fmt: skip
+def test_each_wrong_price_is_named(prices: str, expected: str) -> None:
+    text = f'{{"job_id": "j-1", "checkpoint_uri": "s3://b/c/", "prices": {prices}}}'
+    with pytest.raises(JobPointerError) as e:
+        parse_job_pointer(text, source=f"SSM parameter {NAME}")
+    assert str(e.value).startswith(f"SSM parameter {NAME} is not a valid job pointer: ")
+    assert expected in str(e.value)
+    assert str(e.value).endswith("run `hetero job start --spec FILE` to write a valid one")
 
 
 def test_unknown_keys_are_ignored() -> None:

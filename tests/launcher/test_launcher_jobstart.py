@@ -17,12 +17,15 @@ import pytest
 from moto import mock_aws
 
 from training.cli import main
-from training.common.jobparam import JobParameterNotFound, JobPointer, read_job_pointer
+from training.common.jobparam import GroupPrice, JobParameterNotFound, JobPointer, read_job_pointer
 from training.launcher.backstop import put_backstop
 from training.launcher.jobstart import JobStartError, group_sizes, start_job
+from training.prices import price_lines
 from training.spec import ClusterSpec
 
 REGION = "us-east-1"
+ZONE = "us-east-1a"
+"""The AZ of the deployed groups' subnet (the stack's: one subnet in the spec's AZ)."""
 NAME = "/hetero/vit-test/job"
 OLD = JobPointer("d-0123456789ab", "s3://ckpt/checkpoints/d-0123456789ab/")
 NOW = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
@@ -33,6 +36,12 @@ RECORD = {
     "job/leaving/i-2.json": b'{"reason": "spot"}',
 }
 CHECKPOINTS = {"step-4/a.distcp": b"shard", "step-4/COMPLETE": b""}
+# The spec of tests/launcher/conftest.py priced offline (no ec2 or pricing client): each group
+# at its count, the catalogue's On-Demand price of its one type x the spec's Spot ratio 0.35.
+CATALOGUE_PRICES = (
+    GroupPrice("trainer", "g5.12xlarge", "spot", 2, 5.672 * 0.35, "catalogue", "2026-07-20"),
+    GroupPrice("dataprep", "c6i.4xlarge", "spot", 2, 0.68 * 0.35, "catalogue", "2026-07-20"),
+)
 
 
 @pytest.fixture
@@ -56,7 +65,8 @@ def deployed_groups(ec2: Any, asg: Any, cluster: str, counts: dict[str, int]) ->
     """The stack's Auto Scaling groups of ``cluster`` (in moto) after a job ended: one per
     group, ``MaxSize`` its count (as the stack sets it), ``MinSize`` and desired 0."""
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+    created = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24", AvailabilityZone=ZONE)
+    subnet = created["Subnet"]["SubnetId"]
     ec2.create_launch_template(
         LaunchTemplateName=cluster,
         LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "c6i.xlarge"},
@@ -93,7 +103,9 @@ def test_resume_moves_the_record_aside_keeps_the_checkpoints_and_starts_the_grou
     aws: dict[str, Any], spec: ClusterSpec
 ) -> None:
     started = start(aws, spec)
-    new = JobPointer(NEW_ID, OLD.checkpoint_uri, "2026-11-22T10:00:00Z", OLD.job_id)
+    new = JobPointer(
+        NEW_ID, OLD.checkpoint_uri, "2026-11-22T10:00:00Z", OLD.job_id, prices=CATALOGUE_PRICES
+    )
     assert started.pointer == new
     assert read_job_pointer(aws["ssm"], NAME) == new
     history = "checkpoints/d-0123456789ab/job-history/d-0123456789ab/"
@@ -115,7 +127,11 @@ def test_fresh_gets_its_own_folder_and_leaves_the_old_job_alone(
     before = keys(aws["s3"])
     started = start(aws, spec, fresh=True)
     new = JobPointer(
-        NEW_ID, f"s3://ckpt/checkpoints/{NEW_ID}/", "2026-11-22T10:00:00Z", resumed_from=None
+        NEW_ID,
+        f"s3://ckpt/checkpoints/{NEW_ID}/",
+        "2026-11-22T10:00:00Z",
+        resumed_from=None,
+        prices=CATALOGUE_PRICES,
     )
     assert started.pointer == new
     assert read_job_pointer(aws["ssm"], NAME) == new
@@ -194,7 +210,9 @@ def test_the_exact_writes_in_order_record_then_pointer_then_groups(
             "job-history/d-0123456789ab/", "job/")}
         for c in copies
     )  # fmt: skip
-    pointer = JobPointer(NEW_ID, OLD.checkpoint_uri, "2026-11-22T10:00:00Z", OLD.job_id)
+    pointer = JobPointer(
+        NEW_ID, OLD.checkpoint_uri, "2026-11-22T10:00:00Z", OLD.job_id, prices=CATALOGUE_PRICES
+    )
     assert calls[len(copies) :] == [
         (
             "s3",
@@ -295,10 +313,22 @@ def test_the_command_prints_the_job_its_checkpoints_and_how_to_follow_it(
     assert main(["job", "start", "--spec", str(spec_path), "--fresh", "--region", REGION]) == 0
     pointer = read_job_pointer(aws["ssm"], NAME)
     assert pointer.job_id.startswith("j-") and pointer.job_id != OLD.job_id
+    # Both groups are Spot: priced from DescribeSpotPriceHistory in the groups' AZ, which moto
+    # answers with 0.00001 USD/h for every type it offers there.
+    assert pointer.prices is not None
+    recorded = [
+        (p.group, p.instance_type, p.count, p.usd_per_hour, p.source) for p in pointer.prices
+    ]
+    assert recorded == [
+        ("trainer", "g5.12xlarge", 2, 0.00001, "spot-price-history"),
+        ("dataprep", "c6i.4xlarge", 2, 0.00001, "spot-price-history"),
+    ]
     assert capsys.readouterr().out.splitlines() == [
         f"started job {pointer.job_id} (fresh, from step 0)",
         f"checkpoints: s3://ckpt/checkpoints/{pointer.job_id}/",
         "groups: vit-test-trainer 2, vit-test-dataprep 2",
+        "prices, each group at its most (the job's budget):",
+        *[f"  {line}" for line in price_lines(pointer.prices)],
         f"follow it: hetero status --spec {spec_path}",
     ]
     # Now the groups have capacity: a second start is refused (exit 1), the first job stays.

@@ -245,6 +245,9 @@ def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
         f"#/jobs/{JOB}",
         f"  status:  aws sagemaker describe-training-job --training-job-name {JOB} "
         f"--region {REGION}",
+        # Said plainly: SageMaker's ml.* rates are not EC2's, and hetero does not read them.
+        "  prices: not looked up; SageMaker bills ml.* instances at its own rates "
+        "(https://aws.amazon.com/sagemaker/pricing/), which hetero does not read",
     ]
 
 
@@ -351,6 +354,25 @@ def test_dry_run_prints_the_request_and_calls_only_describe_stacks(
     out = capsys.readouterr()
     assert json.loads(out.out) == expected_request(managed_spot=True)
     assert f"would upload {spec} to s3://{BUCKET}/sagemaker/{JOB}/spec/vit.toml" in out.err
+    assert out.err.splitlines()[-1] == (
+        "prices: not looked up; SageMaker bills ml.* instances at its own rates "
+        "(https://aws.amazon.com/sagemaker/pricing/), which hetero does not read"
+    )
+
+
+def test_a_spec_with_a_budget_is_warned_that_only_max_run_stops_a_sagemaker_job(
+    aws: Aws, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = _write(
+        tmp_path, SPOT_SPEC.replace("[job]\nsteps = 100\n", "[job]\nsteps = 100\nmax_usd = 40\n")
+    )
+    _expect_describe_stacks(aws)
+    with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
+        assert _submit(aws, spec, dry_run=True, max_run_s=7200) == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "job.max_usd = 40 will not stop this job: hetero's budget is kept by its EC2 launchers, "
+        "and on SageMaker only --max-run (7200 s, MaxRuntimeInSeconds) stops it"
+    ]
 
 
 def test_explicit_names_and_times(aws: Aws, tmp_path: Path) -> None:

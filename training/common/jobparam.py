@@ -8,7 +8,10 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
      "started": "2026-11-22T10:00:00Z",
      "resumed_from": "d-0123456789ab",
      "max_usd": 50.0,
-     "max_hours": null}
+     "max_hours": null,
+     "prices": [{"group": "trainer", "instance_type": "g5.xlarge", "market": "spot",
+                 "count": 2, "usd_per_hour": 0.4321, "source": "spot-price-history",
+                 "as_of": "2026-11-22T10:00:00Z"}, ...]}
 
 - ``job_id``: ``d-<first 12 hex of sha256(spec)>`` for the job a deploy starts (the same spec
   deploys the same id, so CloudFormation sees no change), ``j-<UTC yyyymmddTHHMMSS>-<4 hex>``
@@ -22,6 +25,11 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
   set it (a positive number), instead of the deployed spec's ``job.max_usd`` / ``job.max_hours``;
   null (or absent): the spec's. A stopped job can so be resumed with a larger cap without a
   deploy (a deploy of a changed spec starts a fresh job in a new folder).
+- ``prices``: what each instance group costs per hour at its most, priced when
+  ``hetero job start`` ran (``GroupPrice``, ``training/prices.py``); absent for the job a deploy
+  created (a CloudFormation template cannot ask AWS for prices), whose budget then prices the
+  groups from the dated offline catalogue (``training.launcher.budget``). A few hundred bytes a
+  group, well inside a standard parameter's 4 KB.
 
 The stack creates the parameter (``infra/job.py``); ``hetero job start`` overwrites it; the
 launcher reads it when it starts and at every generation boundary (``JobWatch``), so a host
@@ -33,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -60,6 +69,37 @@ class JobParameterNotFound(LookupError):
     """The job parameter does not exist (the stack was not deployed, or with an older version)."""
 
 
+PRICE_SOURCES = ("spot-price-history", "price-list", "spec", "catalogue")
+"""Where a recorded price comes from: EC2's ``DescribeSpotPriceHistory``, the Price List API,
+the spec's ``[job.prices] usd_per_hour``, or the dated offline catalogue
+(``training.instance_types``)."""
+MARKETS = ("spot", "on-demand")
+
+
+@dataclass(frozen=True)
+class GroupPrice:
+    """What one instance group costs per hour at its most, as recorded when its job started."""
+
+    group: str
+    instance_type: str
+    """The dearest of the group's listed types in its market (a Spot group may get any)."""
+    market: str
+    """``spot`` or ``on-demand``."""
+    count: int
+    """Instances at its most: the group's count, an elastic group's ``max_count``."""
+    usd_per_hour: float
+    """One instance of ``instance_type``."""
+    source: str
+    """One of ``PRICE_SOURCES``."""
+    as_of: str | None
+    """When the price was true: the time it was read from AWS (ISO 8601 UTC), the catalogue's
+    date, or None for the spec's own (undated) prices."""
+
+    @property
+    def group_usd_per_hour(self) -> float:
+        return self.count * self.usd_per_hour
+
+
 @dataclass(frozen=True)
 class JobPointer:
     """The cluster's current job (see the module docstring for each field)."""
@@ -70,15 +110,23 @@ class JobPointer:
     resumed_from: str | None = None
     max_usd: float | None = None
     max_hours: float | None = None
+    prices: tuple[GroupPrice, ...] | None = None
 
     def to_json(self) -> str:
-        """The parameter's value (keys in the documented order; the caps only when set, so a
-        deploy's pointer is what it was before the caps existed)."""
+        """The parameter's value (keys in the documented order; the caps and the prices only
+        when set, so a deploy's pointer is what it was before they existed)."""
         value = asdict(self)
-        for cap in ("max_usd", "max_hours"):
-            if value[cap] is None:
-                del value[cap]
+        for optional in ("max_usd", "max_hours", "prices"):
+            if value[optional] is None:
+                del value[optional]
         return json.dumps(value)
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        """The recorded price of every group at its most, summed; None without prices."""
+        if self.prices is None:
+            return None
+        return sum(p.group_usd_per_hour for p in self.prices)
 
     @property
     def checkpoint_base(self) -> str:
@@ -122,10 +170,9 @@ def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPoi
             problems.append(f"{key} must be a string or null (got {value.get(key)!r})")
     for key in ("max_usd", "max_hours"):
         cap = value.get(key)
-        if cap is not None and (
-            not isinstance(cap, int | float) or isinstance(cap, bool) or not cap > 0
-        ):
+        if cap is not None and (not _is_number(cap) or not cap > 0):
             problems.append(f"{key} must be a number above 0 or null (got {cap!r})")
+    prices = _parse_prices(value.get("prices"), problems)
     if problems:
         raise JobPointerError(f"{source} is not a valid job pointer: {'; '.join(problems)}; {_FIX}")
     return JobPointer(
@@ -135,7 +182,58 @@ def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPoi
         resumed_from=value.get("resumed_from"),
         max_usd=_float_or_none(value.get("max_usd")),
         max_hours=_float_or_none(value.get("max_hours")),
+        prices=prices,
     )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _parse_prices(value: Any, problems: list[str]) -> tuple[GroupPrice, ...] | None:
+    """The pointer's ``prices`` (None when absent); appends to ``problems`` what is wrong."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(p, dict) for p in value):
+        problems.append(f"prices must be a list of objects, one per instance group (got {value!r})")
+        return None
+    found = []
+    for i, p in enumerate(value):
+        where = f"prices[{i}]"
+        wrong = [
+            f"{where}.{key} must be a non-empty string (got {p.get(key)!r})"
+            for key in ("group", "instance_type")
+            if not isinstance(p.get(key), str) or not p.get(key)
+        ]
+        if p.get("market") not in MARKETS:
+            wrong.append(
+                f"{where}.market must be one of {', '.join(MARKETS)} (got {p.get('market')!r})"
+            )
+        if p.get("source") not in PRICE_SOURCES:
+            sources = ", ".join(PRICE_SOURCES)
+            wrong.append(f"{where}.source must be one of {sources} (got {p.get('source')!r})")
+        count = p.get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            wrong.append(f"{where}.count must be a whole number above 0 (got {count!r})")
+        usd = p.get("usd_per_hour")
+        if not _is_number(usd) or not 0 <= usd < math.inf:
+            wrong.append(f"{where}.usd_per_hour must be a number of 0 or more (got {usd!r})")
+        if p.get("as_of") is not None and not isinstance(p.get("as_of"), str):
+            wrong.append(f"{where}.as_of must be a string or null (got {p.get('as_of')!r})")
+        problems.extend(wrong)
+        if not wrong:
+            found.append(
+                GroupPrice(
+                    group=p["group"],
+                    instance_type=p["instance_type"],
+                    market=p["market"],
+                    count=count,
+                    usd_per_hour=float(usd),
+                    source=p["source"],
+                    as_of=p.get("as_of"),
+                )
+            )
+    return tuple(found)
 
 
 def _float_or_none(value: Any) -> float | None:

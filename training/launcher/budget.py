@@ -3,11 +3,15 @@
 The clock lives where every host sees it, so a job whose hosts come and go (Spot replacements,
 restarts) counts its whole time: the job pointer's ``started`` (``hetero job start`` writes it),
 else ``started.json`` in the job record, written once by the first host of the job
-(``JobRecord.started``). Spend is the spec's price of the whole cluster
-(``ClusterSpec.usd_per_hour``: every group at its count, the first listed type, Spot at the
-recorded price where the spec has one) times the hours since that start: what the job costs
-while every group runs, which is an upper bound for the time the groups were short of their
-counts.
+(``JobRecord.started``). Spend is the price of the whole cluster at its most times the hours
+since that start: every group at its most (``max_size`` instances, an elastic group's
+``max_count``, of the dearest listed type in its market: ``training.prices``), priced when
+``hetero job start`` ran and recorded in the job pointer (``JobPointer.prices``: Spot price
+history and the Price List that day, the spec's ``[job.prices]``, the dated catalogue where AWS
+gave none). A job whose pointer records no prices (the job a deploy started: a template cannot
+ask AWS) is priced from the spec and the dated catalogue (``prices.offline_prices``), with a
+warning naming the catalogue's date. The instances then cost at most that per hour while they
+run, so the cap bounds their spend; EBS volumes, VPC endpoints and data transfer are not in it.
 
 Each job has its own budget: ``hetero job start --resume`` starts a new job (its own id, its
 own start time, the old record moved to ``job-history/``) that resumes the checkpoints with
@@ -32,6 +36,8 @@ from typing import Any
 
 from training.common.jobparam import JobPointer
 from training.common.names import ENV_BUDGET_DEADLINE
+from training.instance_types import PRICES_AS_OF
+from training.prices import SOURCE_CATALOGUE, offline_prices, sources_text
 from training.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -44,17 +50,40 @@ class Budget:
     max_hours: float | None
     max_usd: float | None
     usd_per_hour: float
+    """The cluster at its most."""
+    priced: str = ""
+    """Where ``usd_per_hour`` comes from and when (``prices.sources_text``)."""
 
     @classmethod
     def of(cls, spec: ClusterSpec, pointer: JobPointer | None = None) -> Budget:
         """The spec's caps, each replaced by the job pointer's (``JobPointer.max_usd`` /
-        ``max_hours``, set by ``hetero job start``) where the pointer has one."""
+        ``max_hours``, set by ``hetero job start``) where the pointer has one; the price the
+        pointer records, else the spec's and the catalogue's at its most (logged)."""
         hours, usd = (pointer.max_hours, pointer.max_usd) if pointer else (None, None)
+        if pointer is not None and pointer.prices:
+            prices = pointer.prices
+        else:
+            prices = offline_prices(spec).prices
+            if any(p.source == SOURCE_CATALOGUE for p in prices):
+                log.warning(
+                    "job %s records no prices (a deploy's job; `hetero job start` records the "
+                    "day's prices from AWS): its budget prices every group at its most from the "
+                    "offline catalogue of %s",
+                    pointer.job_id if pointer else "(no job pointer)",
+                    PRICES_AS_OF,
+                )
         return cls(
             spec.job.max_hours if hours is None else hours,
             spec.job.max_usd if usd is None else usd,
-            spec.usd_per_hour(),
+            sum(p.group_usd_per_hour for p in prices),
+            sources_text(prices),
         )
+
+    @property
+    def _rate(self) -> str:
+        """``3.60 USD/h``, and where the price comes from when known (``... from catalogue
+        2026-07-20``)."""
+        return f"{self.usd_per_hour:.2f} USD/h" + (f" from {self.priced}" if self.priced else "")
 
     @property
     def capped(self) -> bool:
@@ -98,8 +127,8 @@ class Budget:
             caps.append(f"max_hours {self.max_hours:g} reached")
         what = ", ".join(caps) or "cap reached"
         return (
-            f"{REASON_PREFIX}{what} ({spent:.4f} USD over {hours:.4f} h at "
-            f"{self.usd_per_hour:.2f} USD/h); continue with hetero job start --resume"
+            f"{REASON_PREFIX}{what} ({spent:.4f} USD over {hours:.4f} h at {self._rate}); "
+            "continue with hetero job start --resume"
         )
 
     def describe(self, elapsed_s: float | None) -> str:
@@ -114,7 +143,7 @@ class Budget:
             return f"not started; {cap}"
         return (
             f"{self.spent_usd(elapsed_s):.2f} USD over {elapsed_s / 3600.0:.2f} h at "
-            f"{self.usd_per_hour:.2f} USD/h; {cap}"
+            f"{self._rate}; {cap}"
         )
 
 

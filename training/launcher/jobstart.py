@@ -13,7 +13,12 @@ groups back at their counts:
    that found the old outcome there would run nothing) and nothing is lost.
    ``--fresh``: the new job gets its own folder, ``<parent of the old URI>/<new job id>/``,
    and starts from step 0;
-4. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
+4. price every group at its most (``training.prices``: Spot from ``DescribeSpotPriceHistory``
+   in the AZs of the group's Auto Scaling group, On-Demand from the Price List API, the spec's
+   ``[job.prices]`` first, the dated catalogue where AWS gives none, with a warning), for the
+   pointer: the new job's budget is those prices (``--offline-prices``: the catalogue's, asking
+   AWS nothing);
+5. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
    (pointer first: an instance that starts must read the new job); an elastic dataprep group
    (``min_count``/``max_count``) gets ``MinSize=min_size, MaxSize=max_size,
    DesiredCapacity=count``, the sizes the stack gives it (``group_sizes``). An earlier job's
@@ -26,7 +31,8 @@ on the new job; they never end the old job or scale its groups down (``ec2_job.p
 
 The caller's credentials need ``ssm:GetParameter`` and ``ssm:PutParameter`` on the parameter,
 ``autoscaling:DescribeAutoScalingGroups``, ``autoscaling:UpdateAutoScalingGroup`` and
-``autoscaling:DeleteScheduledAction``, and on
+``autoscaling:DeleteScheduledAction``, ``ec2:DescribeSpotPriceHistory`` and
+``pricing:GetProducts`` (without them the prices fall back to the catalogue), and on
 the checkpoint bucket ``s3:ListBucket``, ``s3:GetObject``, ``s3:PutObject`` and
 ``s3:DeleteObject`` (``--resume`` moves the record).
 """
@@ -53,6 +59,7 @@ from training.common.jobparam import (
 from training.common.names import asg_name, job_parameter_name
 from training.common.s3 import list_keys, parse_s3_uri, s3_uri
 from training.launcher.backstop import remove_backstop
+from training.prices import Priced, offline_prices, price_groups, price_lines, pricing_client
 from training.spec import ClusterSpec, InstanceGroup, load_spec
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,9 @@ class StartedJob:
     """Where the old record went (``--resume``), else None."""
     groups: tuple[tuple[str, int], ...]
     """(Auto Scaling group, desired capacity) as set."""
+    priced: Priced
+    """Every group's price at its most (also in ``pointer.prices``), and why a price is the
+    catalogue's."""
 
 
 def group_sizes(group: InstanceGroup) -> tuple[int, int, int]:
@@ -109,9 +119,10 @@ def _split_s3(uri: str) -> tuple[str, str]:
 
 def check_groups(
     spec: ClusterSpec, autoscaling: Any, *, job_id: str, spec_path: str, force: bool
-) -> None:
+) -> dict[str, dict[str, Any]]:
     """Refuse (``JobStartError``) when a group is missing, was deployed with another count
-    than the spec's, or still has capacity (unless ``force``)."""
+    than the spec's, or still has capacity (unless ``force``). Returns each spec group's Auto
+    Scaling group as ``DescribeAutoScalingGroups`` describes it, by spec group name."""
     names = {g.name: asg_name(spec.name, g.name) for g in spec.groups}
     found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names.values()))
     by_name = {g["AutoScalingGroupName"]: g for g in found.get("AutoScalingGroups", [])}
@@ -161,6 +172,7 @@ def check_groups(
         )
     if running:
         log.warning("--force: starting a new job while job %s still runs", job_id)
+    return {g: by_name[asg] for g, asg in names.items()}
 
 
 def archive_job_record(s3: Any, checkpoint_uri: str, job_id: str) -> tuple[str, tuple[str, ...]]:
@@ -205,29 +217,47 @@ def start_job(
     token: str | None = None,
     max_usd: float | None = None,
     max_hours: float | None = None,
+    ec2: Any | None = None,
+    pricing: Any | None = None,
 ) -> StartedJob:
     """Start a new job on the deployed cluster of ``spec`` (see the module docstring), with its
-    own budget where ``max_usd`` / ``max_hours`` are given (else the deployed spec's)."""
+    own budget where ``max_usd`` / ``max_hours`` are given (else the deployed spec's). Its
+    groups are priced with ``ec2`` (Spot) and ``pricing`` (On-Demand, the Price List API);
+    without both, from the spec and the dated catalogue alone."""
     for flag, cap in (("--max-usd", max_usd), ("--max-hours", max_hours)):
         if cap is not None and not cap > 0:
             raise JobStartError(f"{flag} must be above 0, got {cap:g}")
     name = job_parameter_name(spec.name)
     previous = read_job_pointer(ssm, name)
-    check_groups(spec, autoscaling, job_id=previous.job_id, spec_path=spec_path, force=force)
+    found = check_groups(
+        spec, autoscaling, job_id=previous.job_id, spec_path=spec_path, force=force
+    )
     now = now or datetime.now(UTC)
+    if ec2 is None or pricing is None:
+        priced = offline_prices(spec)
+    else:
+        priced = price_groups(
+            spec,
+            ec2=ec2,
+            pricing=pricing,
+            # The stack puts each group in the one subnet of the spec's AZ.
+            zones={g: tuple(asg.get("AvailabilityZones", ())) for g, asg in found.items()},
+            region=ec2.meta.region_name,
+            now=now,
+        )
     job_id = new_job_id(now, token or secrets.token_hex(2))
     started = f"{now.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
     history_uri: str | None = None
     moved: tuple[str, ...] = ()
+    uri, resumed = (
+        (f"{previous.checkpoint_base}{job_id}/", None)
+        if fresh
+        else (previous.checkpoint_uri, previous.job_id)
+    )
+    pointer = JobPointer(job_id, uri, started, resumed, max_usd, max_hours, priced.prices)
     if fresh:
-        pointer = JobPointer(
-            job_id, f"{previous.checkpoint_base}{job_id}/", started, None, max_usd, max_hours
-        )
         _split_s3(pointer.checkpoint_uri)  # Refuse a non-S3 folder before anything changes.
     else:
-        pointer = JobPointer(
-            job_id, previous.checkpoint_uri, started, previous.job_id, max_usd, max_hours
-        )
         # Before the pointer: an instance of the new job must not find the old outcome.
         history_uri, moved = archive_job_record(s3, previous.checkpoint_uri, previous.job_id)
     ssm.put_parameter(Name=name, Value=pointer.to_json(), Type="String", Overwrite=True)
@@ -255,7 +285,7 @@ def start_job(
             f"job {job_id} is the current job now ({name}), but these groups were not scaled: "
             f"{'; '.join(failed)}. Fix the cause and set the sizes:\n{fix}"
         )
-    return StartedJob(pointer, previous, moved, history_uri, groups)
+    return StartedJob(pointer, previous, moved, history_uri, groups, priced)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -298,6 +328,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="this job's cap in hours instead of the spec's job.max_hours",
     )
+    start.add_argument(
+        "--offline-prices",
+        action="store_true",
+        help="price the groups from the spec and the dated offline catalogue only, asking AWS "
+        "nothing (default: Spot price history and the Price List API, that day)",
+    )
     start.add_argument("--region", help="AWS region (default: the usual boto3 configuration)")
 
 
@@ -316,6 +352,8 @@ def run(args: argparse.Namespace) -> int:
             spec_path=args.spec,
             max_usd=args.max_usd,
             max_hours=args.max_hours,
+            ec2=None if args.offline_prices else client("ec2", region=args.region),
+            pricing=None if args.offline_prices else pricing_client(),
         )
     except (JobStartError, JobParameterNotFound, JobPointerError) as e:
         print(f"hetero job start: {e}", file=sys.stderr)
@@ -344,5 +382,7 @@ def report(started: StartedJob, *, spec_path: str) -> str:
             f"({len(started.moved)} objects)"
         )
     lines.append("groups: " + ", ".join(f"{asg} {count}" for asg, count in started.groups))
+    lines.append("prices, each group at its most (the job's budget):")
+    lines += [f"  {line}" for line in price_lines(started.priced.prices)]
     lines.append(f"follow it: hetero status --spec {spec_path}")
     return "\n".join(lines)

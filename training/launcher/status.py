@@ -25,14 +25,16 @@ from training.common.aws import client
 from training.common.hosts import list_cluster_instances
 from training.common.jobparam import (
     MAX_ATTEMPTS,
+    GroupPrice,
     JobParameterNotFound,
-    JobPointer,
+    parse_job_pointer,
     read_job_pointer,
 )
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_CHECKPOINT_URI, asg_name, job_parameter_name
 from training.common.s3 import is_s3_uri, parse_s3_uri, s3_uri
 from training.launcher.budget import Budget, parse_started
+from training.prices import price_lines
 from training.spec import ClusterSpec, load_spec
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 
@@ -44,7 +46,7 @@ class JobStatus:
     cluster: str
     job: dict[str, Any] | None = None
     """The job pointer (``job_id``, ``checkpoint_uri``, ``started``, ``resumed_from``,
-    ``max_usd``, ``max_hours``), if any."""
+    ``max_usd``, ``max_hours``, ``prices``), if any."""
     checkpoint_uri: str | None = None
     """Where the job record and the checkpoints were read."""
     groups: list[dict[str, Any]] = field(default_factory=list)
@@ -155,7 +157,8 @@ def budget_line(
 ) -> str:
     """Spend from the job's start (the pointer's ``started``, else the record's) to its end
     (the outcome's time) or ``now``, against the spec's caps."""
-    budget = Budget.of(spec, JobPointer(**status.job) if status.job else None)
+    pointer = parse_job_pointer(json.dumps(status.job)) if status.job else None
+    budget = Budget.of(spec, pointer)
     started = parse_started((status.job or {}).get("started"))
     if started is None:
         started = record.started_at()
@@ -198,6 +201,8 @@ def render(status: JobStatus) -> None:
         )
     if status.budget:
         console.print(f"spend {status.budget}", markup=False)
+    for line in prices_text(job):
+        console.print(line, markup=False, highlight=False)
     groups = Table("group", "Auto Scaling group", "desired", "min", "max", "in service")
     for g in status.groups:
         cells = {k: str(g[k]) for k in ("group", "asg", "desired", "min", "max", "in_service")}
@@ -235,6 +240,22 @@ def render(status: JobStatus) -> None:
     console.print(f"model (model.safetensors + config.json): {status.model or 'not yet'}")
     for e in status.errors:
         console.print(f"[red]could not read[/] {e}")
+
+
+def prices_text(job: dict[str, Any]) -> list[str]:
+    """The job pointer's prices (``hetero job start`` records each group's at its most, with
+    their source and date), or why there are none; nothing without a pointer."""
+    if not job:
+        return []
+    if not job.get("prices"):
+        return [
+            "prices: none recorded in the job pointer (a deploy's job): its budget prices the "
+            "groups at their most from the spec and the dated catalogue"
+        ]
+    prices = [GroupPrice(**p) for p in job["prices"]]
+    return ["prices at the job's start, each group at its most:"] + [
+        f"  {line}" for line in price_lines(prices)
+    ]
 
 
 def decision_text(decision: dict[str, Any]) -> str:

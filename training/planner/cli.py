@@ -28,10 +28,11 @@ from training.planner.errors import PlanError
 from training.planner.evaluate import DataprepPolicy, Plan, rank, spot_score_groups
 from training.planner.facts import Facts
 from training.planner.placement import Placement, best_placement, zones
-from training.planner.prices import PRICING_REGION, PriceBook, live_on_demand, live_spot
+from training.planner.prices import PriceBook, live_on_demand, live_spot
 from training.planner.results import RESULTS_DIR, load_measured
 from training.planner.target import Target, from_run, from_samples
 from training.planner.workload import DatasetRead, dataset_read_of, workload_from_spec
+from training.prices import pricing_client
 from training.spec import ClusterSpec, DatasetSource, Efa, Market, load_spec
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,6 @@ def known_regions() -> set[str]:
         for partition in session.get_available_partitions()
         for r in session.get_available_regions("ec2", partition_name=partition)
     }
-
-
-def pricing_client() -> Any:
-    """The Price List API client (its endpoint in us-east-1 serves every region's prices)."""
-    return client("pricing", region=PRICING_REGION)
 
 
 def dataprep_policy(spec: ClusterSpec, facts: Facts) -> DataprepPolicy:

@@ -17,7 +17,6 @@ Every ``Price`` carries its source and date, and every output prints them.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,14 +27,10 @@ from training.planner import priors
 from training.planner.errors import aws_problem
 from training.preflight import AWS_ERRORS
 from training.preflight.core import _pages
+from training.prices import SPOT_PRODUCT, hourly_usd, on_demand_filters
 from training.spec import Market, PricesSpec
 
 log = logging.getLogger(__name__)
-
-PRICING_REGION = "us-east-1"
-"""Where the pricing client is created: its endpoint is api.pricing.us-east-1.amazonaws.com
-(tests/planner/test_plan_live.py), and the ``regionCode`` filter selects the plan's region."""
-SPOT_PRODUCT = "Linux/UNIX"
 
 
 @dataclass(frozen=True)
@@ -114,32 +109,6 @@ class PriceBook:
 # Live prices.
 
 
-def on_demand_filters(instance_type: str, region: str) -> list[dict[str, str]]:
-    """The GetProducts filters that select one Linux, shared-tenancy On-Demand price."""
-    terms = {
-        "instanceType": instance_type,
-        "regionCode": region,
-        "operatingSystem": "Linux",
-        "tenancy": "Shared",
-        "preInstalledSw": "NA",
-        "capacitystatus": "Used",
-        "licenseModel": "No License required",
-    }
-    return [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()]
-
-
-def _hourly_usd(item: str) -> float | None:
-    """The hourly USD price in one Price List product document, or None."""
-    doc = json.loads(item)
-    for term in doc.get("terms", {}).get("OnDemand", {}).values():
-        for dim in term.get("priceDimensions", {}).values():
-            if dim.get("unit") == "Hrs" and "USD" in dim.get("pricePerUnit", {}):
-                usd = float(dim["pricePerUnit"]["USD"])
-                if usd > 0:
-                    return usd
-    return None
-
-
 def live_on_demand(
     pricing: Any, types: Iterable[str], region: str, today: datetime.date
 ) -> tuple[dict[str, Price], list[str]]:
@@ -157,7 +126,7 @@ def live_on_demand(
                     FormatVersion="aws_v1",
                 )
                 for item in page.get("PriceList", [])
-                if (usd := _hourly_usd(item)) is not None
+                if (usd := hourly_usd(item)) is not None
             }
         except AWS_ERRORS as e:
             notes.append(f"On-Demand price of {t}: {aws_problem(e)}; offline price used")

@@ -387,7 +387,8 @@ class JobSpec:
     """Budget: stop the job (checkpoint, outcome ``stopped``, every group at 0) once this many
     hours have passed since it started (``training.launcher.budget``). None: no cap."""
     max_usd: float | None = None
-    """Budget: stop the job likewise once the cluster's price (``ClusterSpec.usd_per_hour``)
+    """Budget: stop the job likewise once the cluster's price at its most (every group at
+    ``max_size`` of its dearest listed type, priced when the job started: ``training.prices``)
     times the hours since it started reaches this many USD. None: no cap."""
 
     @property
@@ -454,7 +455,9 @@ class ClusterSpec:
         )
 
     def usd_per_hour(self) -> float:
-        """What the whole cluster costs per hour (every group, first listed type)."""
+        """What the whole cluster costs per hour at its counts (every group's ``count`` of its
+        first listed type): the figure of the trainer's samples-per-dollar metrics. The budget
+        prices the cluster at its most instead (``training.prices``)."""
         return sum(
             g.count * self.job.prices.hourly(g.instance_types[0], g.market) for g in self.groups
         )

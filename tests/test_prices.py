@@ -1,0 +1,340 @@
+"""Each instance group priced at its most (``training/prices.py``): AWS's answers come from
+botocore's Stubber, in the shapes the API references document (``DescribeSpotPriceHistory``'s
+``SpotPriceHistory``; ``GetProducts``' ``PriceList`` of JSON documents with
+``terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD``), and every request is checked against
+the one expected; the dated catalogue is the named fallback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from training.common.jobparam import GroupPrice
+from training.prices import offline_prices, price_groups, price_lines, spot_prices
+from training.spec import ClusterSpec, parse_spec
+
+REGION = "us-east-1"
+ZONE = "us-east-1b"
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+STAMP = "2026-11-22T10:00:00Z"
+CATALOGUE = "2026-07-20"
+FALLBACK = (
+    f"priced from the offline catalogue of {CATALOGUE} instead (us-east-1 On-Demand list price"
+)
+
+
+def make_spec(prices: dict[str, float] | None = None) -> ClusterSpec:
+    """An On-Demand trainer group of two types and an elastic Spot dataprep group (1-4)."""
+    job: dict[str, Any] = {"steps": 10}
+    if prices:
+        job["prices"] = {"usd_per_hour": prices}
+    return parse_spec(
+        {
+            "name": "priced",
+            "groups": [
+                {
+                    "name": "trainer",
+                    "role": "trainer",
+                    "instance_types": ["g6.xlarge", "g5.xlarge"],
+                    "count": 2,
+                    "market": "on-demand",
+                },
+                {
+                    "name": "dataprep",
+                    "role": "dataprep",
+                    "instance_types": ["c6i.4xlarge", "c7i.4xlarge"],
+                    "count": 2,
+                    "min_count": 1,
+                    "max_count": 4,
+                },
+            ],
+            "job": job,
+        }
+    )
+
+
+@pytest.fixture
+def clients() -> Iterator[tuple[Any, Stubber, Any, Stubber]]:
+    session = boto3.Session(
+        aws_access_key_id="AKIDTEST", aws_secret_access_key="secret", region_name=REGION
+    )
+    ec2: Any = session.client("ec2")
+    pricing: Any = session.client("pricing", region_name="us-east-1")
+    with Stubber(ec2) as ec2_stub, Stubber(pricing) as pricing_stub:
+        yield ec2, ec2_stub, pricing, pricing_stub
+        ec2_stub.assert_no_pending_responses()
+        pricing_stub.assert_no_pending_responses()
+
+
+def spot(instance_type: str, usd: str, minutes_ago: int, zone: str = ZONE) -> dict[str, Any]:
+    """One ``SpotPriceHistory`` entry (the API reference's SpotPrice shape)."""
+    return {
+        "AvailabilityZone": zone,
+        "InstanceType": instance_type,
+        "ProductDescription": "Linux/UNIX",
+        "SpotPrice": usd,
+        "Timestamp": NOW - timedelta(minutes=minutes_ago),
+    }
+
+
+def spot_request(types: list[str], zone: str | None = ZONE, **extra: Any) -> dict[str, Any]:
+    request = {
+        "InstanceTypes": types,
+        "ProductDescriptions": ["Linux/UNIX"],
+        "StartTime": NOW,
+        "EndTime": NOW,
+        **extra,
+    }
+    return request | ({"AvailabilityZone": zone} if zone else {})
+
+
+def product(instance_type: str, usd: str) -> str:
+    """One ``PriceList`` item: a JSON document as GetProducts returns it (the AWS CLI reference's
+    get-products example: product, serviceCode, terms.OnDemand.<sku>.<offer>.priceDimensions)."""
+    sku = "SKU" + instance_type.replace(".", "").upper()
+    return json.dumps(
+        {
+            "product": {
+                "productFamily": "Compute Instance",
+                "attributes": {
+                    "instanceType": instance_type,
+                    "regionCode": REGION,
+                    "operatingSystem": "Linux",
+                    "tenancy": "Shared",
+                    "preInstalledSw": "NA",
+                    "capacitystatus": "Used",
+                    "servicecode": "AmazonEC2",
+                },
+                "sku": sku,
+            },
+            "serviceCode": "AmazonEC2",
+            "terms": {
+                "OnDemand": {
+                    f"{sku}.JRTCKXETXF": {
+                        "priceDimensions": {
+                            f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                                "unit": "Hrs",
+                                "endRange": "Inf",
+                                "description": f"${usd} per On Demand Linux {instance_type}",
+                                "appliesTo": [],
+                                "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7",
+                                "beginRange": "0",
+                                "pricePerUnit": {"USD": usd},
+                            }
+                        },
+                        "sku": sku,
+                        "effectiveDate": "2026-11-01T00:00:00Z",
+                        "offerTermCode": "JRTCKXETXF",
+                        "termAttributes": {},
+                    }
+                }
+            },
+            "version": "20261101000000",
+            "publicationDate": "2026-11-01T00:00:00Z",
+        }
+    )
+
+
+def products_request(instance_type: str) -> dict[str, Any]:
+    terms = {
+        "instanceType": instance_type,
+        "regionCode": REGION,
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+        "licenseModel": "No License required",
+    }
+    return {
+        "ServiceCode": "AmazonEC2",
+        "Filters": [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()],
+        "FormatVersion": "aws_v1",
+    }
+
+
+def price(spec: ClusterSpec, ec2: Any, pricing: Any, zones: Any = None) -> Any:
+    zones = {"trainer": (ZONE,), "dataprep": (ZONE,)} if zones is None else zones
+    return price_groups(spec, ec2=ec2, pricing=pricing, zones=zones, region=REGION, now=NOW)
+
+
+def test_each_group_at_its_most_from_the_days_prices(
+    clients: tuple[Any, Stubber, Any, Stubber],
+) -> None:
+    """The elastic group at max_count, each group's dearest listed type, the newest Spot price
+    in the group's AZ, the Price List's On-Demand price."""
+    ec2, ec2_stub, pricing, pricing_stub = clients
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {
+            "SpotPriceHistory": [
+                # The newer price is the one in effect now, in whichever order they come.
+                spot("c6i.4xlarge", "0.2500", minutes_ago=10),
+                spot("c6i.4xlarge", "0.3000", minutes_ago=90),
+                spot("c7i.4xlarge", "0.2700", minutes_ago=240),
+                # Another AZ's price: AWS filters by the AZ asked; an emulator may not.
+                spot("c7i.4xlarge", "0.9900", minutes_ago=1, zone="us-east-1a"),
+            ]
+        },
+        spot_request(["c6i.4xlarge", "c7i.4xlarge"]),
+    )
+    pricing_stub.add_response(
+        "get_products",
+        {"FormatVersion": "aws_v1", "PriceList": [product("g6.xlarge", "0.8048000000")]},
+        products_request("g6.xlarge"),
+    )
+    pricing_stub.add_response(
+        "get_products",
+        {"FormatVersion": "aws_v1", "PriceList": [product("g5.xlarge", "1.0060000000")]},
+        products_request("g5.xlarge"),
+    )
+    priced = price(make_spec(), ec2, pricing)
+    assert priced.prices == (
+        GroupPrice("trainer", "g5.xlarge", "on-demand", 2, 1.006, "price-list", STAMP),
+        GroupPrice("dataprep", "c7i.4xlarge", "spot", 4, 0.27, "spot-price-history", STAMP),
+    )
+    assert priced.warnings == ()
+    assert priced.usd_per_hour == pytest.approx(2 * 1.006 + 4 * 0.27)
+
+
+def test_spot_prices_are_read_across_pages(clients: tuple[Any, Stubber, Any, Stubber]) -> None:
+    ec2, ec2_stub, _, _ = clients
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {"SpotPriceHistory": [spot("c6i.4xlarge", "0.2500", 10)], "NextToken": "page-2"},
+        spot_request(["c6i.4xlarge", "c7i.4xlarge"]),
+    )
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {"SpotPriceHistory": [spot("c7i.4xlarge", "0.2700", 20)], "NextToken": ""},
+        spot_request(["c6i.4xlarge", "c7i.4xlarge"], NextToken="page-2"),
+    )
+    assert spot_prices(ec2, ["c6i.4xlarge", "c7i.4xlarge"], ZONE, NOW) == {
+        "c6i.4xlarge": 0.25,
+        "c7i.4xlarge": 0.27,
+    }
+
+
+def test_a_group_in_no_known_az_is_priced_at_its_dearest_az(
+    clients: tuple[Any, Stubber, Any, Stubber],
+) -> None:
+    ec2, ec2_stub, _, _ = clients
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {
+            "SpotPriceHistory": [
+                spot("c6i.4xlarge", "0.2500", 10, zone="us-east-1a"),
+                spot("c6i.4xlarge", "0.3100", 10, zone="us-east-1c"),
+            ]
+        },
+        spot_request(["c6i.4xlarge"], zone=None),
+    )
+    assert spot_prices(ec2, ["c6i.4xlarge"], None, NOW) == {"c6i.4xlarge": 0.31}
+
+
+def test_what_aws_does_not_price_comes_from_the_catalogue_with_a_warning_naming_its_date(
+    clients: tuple[Any, Stubber, Any, Stubber],
+) -> None:
+    ec2, ec2_stub, pricing, pricing_stub = clients
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {"SpotPriceHistory": [spot("c6i.4xlarge", "0.2500", 10)]},  # none for c7i.4xlarge
+        spot_request(["c6i.4xlarge", "c7i.4xlarge"]),
+    )
+    pricing_stub.add_client_error(
+        "get_products",
+        service_error_code="AccessDeniedException",
+        service_message="User: arn:aws:iam::123456789012:user/u is not authorized to perform: "
+        "pricing:GetProducts",
+        http_status_code=400,
+        expected_params=products_request("g6.xlarge"),
+    )
+    pricing_stub.add_response(
+        "get_products", {"FormatVersion": "aws_v1", "PriceList": []}, products_request("g5.xlarge")
+    )
+    priced = price(make_spec(), ec2, pricing)
+    assert priced.prices == (
+        # The catalogue's g5.xlarge (1.006) is dearer than its g6.xlarge (0.8048).
+        GroupPrice("trainer", "g5.xlarge", "on-demand", 2, 1.006, "catalogue", CATALOGUE),
+        # The catalogue's c7i.4xlarge Spot estimate (0.714 x 0.35 = 0.2499) is below the live
+        # c6i.4xlarge price.
+        GroupPrice("dataprep", "c6i.4xlarge", "spot", 4, 0.25, "spot-price-history", STAMP),
+    )
+    assert priced.warnings == (
+        "Spot price of c7i.4xlarge in us-east-1b: DescribeSpotPriceHistory returned none; "
+        f"{FALLBACK} x spot_price_ratio 0.35)",
+        "On-Demand price of g6.xlarge in us-east-1: An error occurred (AccessDeniedException) "
+        "when calling the GetProducts operation: User: arn:aws:iam::123456789012:user/u is not "
+        f"authorized to perform: pricing:GetProducts; {FALLBACK})",
+        f"On-Demand price of g5.xlarge in us-east-1: the Price List API lists none; {FALLBACK})",
+    )
+
+
+def test_without_credentials_every_price_is_the_catalogues(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    session = boto3.Session(region_name=REGION)
+    spec = make_spec()
+    priced = price(spec, session.client("ec2"), session.client("pricing"))
+    assert priced.prices == offline_prices(spec).prices
+    assert priced.warnings == (
+        "Spot prices of c6i.4xlarge, c7i.4xlarge in us-east-1b: Unable to locate credentials; "
+        f"{FALLBACK} x spot_price_ratio 0.35)",
+        f"On-Demand price of g6.xlarge in us-east-1: Unable to locate credentials; {FALLBACK})",
+        f"On-Demand price of g5.xlarge in us-east-1: Unable to locate credentials; {FALLBACK})",
+    )
+
+
+def test_the_specs_own_prices_win_and_are_not_asked_for(
+    clients: tuple[Any, Stubber, Any, Stubber],
+) -> None:
+    ec2, ec2_stub, pricing, pricing_stub = clients
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {"SpotPriceHistory": [spot("c6i.4xlarge", "0.2500", 10)]},
+        spot_request(["c6i.4xlarge"]),
+    )
+    pricing_stub.add_response(
+        "get_products",
+        {"FormatVersion": "aws_v1", "PriceList": [product("g6.xlarge", "0.8048000000")]},
+        products_request("g6.xlarge"),
+    )
+    priced = price(make_spec({"g5.xlarge": 0.9, "c7i.4xlarge": 0.5}), ec2, pricing)
+    assert priced.prices == (
+        GroupPrice("trainer", "g5.xlarge", "on-demand", 2, 0.9, "spec", None),
+        GroupPrice("dataprep", "c7i.4xlarge", "spot", 4, 0.5, "spec", None),
+    )
+    assert priced.warnings == ()
+
+
+def test_offline_prices_take_each_group_at_its_most_from_the_catalogue() -> None:
+    priced = offline_prices(make_spec({"g6.xlarge": 2.0}))
+    assert priced.prices == (
+        GroupPrice("trainer", "g6.xlarge", "on-demand", 2, 2.0, "spec", None),
+        # c7i.4xlarge's list price (0.714) is above c6i.4xlarge's (0.68); Spot at 0.35 of it.
+        GroupPrice("dataprep", "c7i.4xlarge", "spot", 4, 0.714 * 0.35, "catalogue", CATALOGUE),
+    )
+    assert priced.usd_per_hour == pytest.approx(4.0 + 4 * 0.714 * 0.35)
+
+
+def test_the_prices_as_a_table() -> None:
+    prices = (
+        GroupPrice("trainer", "g5.xlarge", "on-demand", 2, 1.006, "price-list", STAMP),
+        GroupPrice("dataprep", "c7i.4xlarge", "spot", 4, 0.27, "spec", None),
+    )
+    assert price_lines(prices) == [
+        "group     at its most      market     USD/h each  USD/h   source, as of",
+        f"trainer   2 x g5.xlarge    on-demand  1.0060      2.0120  price-list, {STAMP}",
+        "dataprep  4 x c7i.4xlarge  spot       0.2700      1.0800  spec",
+        "total at its most: 3.0920 USD/h",
+    ]
