@@ -507,7 +507,17 @@ FOLDER = {"source": "folder", "path": "/data/train"}
             {"dataset": {"source": "s3", "path": "s3://b/t/", "val_path": "/v"}},
             "job.dataset.val_path: source 's3' needs val_path = 's3://bucket/prefix/'",
         ),
-        ({"model": {"init": " "}}, "job.model.init: empty; give a model.safetensors path"),
+        ({"model": {"init": " "}}, "job.model.init: empty; give a weights file or hub-form"),
+        (
+            {"model": {"init": "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k"}},
+            "job.model.init: 'timm:vit_base_patch16_224.augreg2_in21k_ft_in1k': timm hub names "
+            "are not supported yet; save the weights with timm",
+        ),
+        ({"model": {"init_ema": False}}, "job.model.init_ema: only applies with init"),
+        ({"model": {"mean": [0.5, 0.5]}}, "job.model.mean: expected [R, G, B], each in [0, 1]"),
+        ({"model": {"std": [0.5, 0, 0.5]}}, "job.model.std: expected [R, G, B], each in (0, 1]"),
+        ({"eval": {"crop_pct": 0}}, "job.eval.crop_pct: must be in (0, 1], got 0"),
+        ({"eval": {"at_start": "yes"}}, "job.eval.at_start: expected bool"),
     ],
 )
 def test_every_recipe_and_validation_value_is_refused_with_its_fix(
@@ -561,6 +571,27 @@ def test_a_full_recipe_parses_into_its_fields() -> None:
     assert (job.mixup.cutmix_alpha, job.mixup.prob, job.ema.decay) == (1.0, 0.5, 0.999)
     assert (job.eval.every_steps, job.eval.crop_pct, job.accuracy_targets) == (50, 0.9, (0.5, 0.9))
     assert job.dataset.val_path == "/d/val" and job.model.init == "s3://b/model.safetensors"
+
+
+def test_the_data_config_fields_parse_and_default_to_the_weights() -> None:
+    job = parse_spec(GOOD).job
+    # Unset: the trainer takes them from job.model.init's weights, else its own defaults.
+    assert (job.model.mean, job.model.std, job.eval.crop_pct, job.eval.interpolation) == (
+        None, None, None, None,
+    )  # fmt: skip
+    assert job.model.init_ema and not job.eval.at_start
+    job = parse_spec(
+        job_with(
+            model={"init": "/w/model_best.pth.tar", "init_ema": False, "mean": [0.5, 0.5, 0.5],
+                   "std": [0.5, 0.5, 0.5]},
+            eval={"at_start": True, "crop_pct": 0.95, "interpolation": "bicubic"},
+            dataset={"val_fraction": 0.1},
+        )
+    ).job  # fmt: skip
+    assert (job.model.init_ema, job.model.mean, job.model.std) == (False, (0.5,) * 3, (0.5,) * 3)
+    assert (job.eval.at_start, job.eval.crop_pct, job.eval.interpolation) == (
+        True, 0.95, "bicubic",
+    )  # fmt: skip
 
 
 def test_budget_caps_parse_and_default_to_none() -> None:
@@ -655,3 +686,22 @@ def test_cli_check_prices_each_group_at_its_most_offline_and_says_what_the_cap_l
     assert out[start + 6].startswith("network stack hetero-vit-network: 7 interface endpoints")
     [dataprep] = [line for line in out if "dataprep" in line and "│" in line]
     assert dataprep.split("│")[-2].strip() == "1.00"  # the table's max USD/h: 4 x 0.2499
+
+
+def test_cli_check_refuses_local_init_weights_the_trainer_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing file and a file in no format timm reads: exit 2 with the field and the fix,
+    before anything is deployed (``training.trainer.model.check_init``)."""
+    from training import cli
+
+    text = (REPO / "cluster.toml").read_text()
+    assert "\n[job.model]\n" in text
+    junk = tmp_path / "weights.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    for init in (tmp_path / "missing.safetensors", junk):
+        path = tmp_path / "init.toml"
+        path.write_text(text.replace("\n[job.model]\n", f'\n[job.model]\ninit = "{init}"\n', 1))
+        assert cli.main(["spec", "check", "--spec", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"job.model.init = '{init}'" in err, err

@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    if spec.job.model.init and not spec.job.model.init.startswith("s3://"):
+        # Local weights are read now, so a bad init fails here, before anything is deployed;
+        # an s3:// one waits for the trainer (spec check asks AWS nothing). Deferred: torch and
+        # timm load only for such specs.
+        from training.trainer.model import check_init
+
+        check_init(spec)  # SpecError: reported by training/cli.py like any spec problem
     priced = offline_prices(spec)  # offline: spec check never asks AWS
     table = Table(title=f"{spec.name} ({spec.source})")
     for col in ("group", "role", "instance types", "count", "market", "EFA", "ranks", "max USD/h"):

@@ -5,11 +5,15 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from moto import mock_aws
 
 from training.common.steps import MARKER
 from training.trainer.config import ModelConfig
@@ -84,6 +88,17 @@ strategy = "{strategy}"
 @pytest.fixture
 def tiny_spec(tmp_path: Path) -> Path:
     return write_spec(tmp_path)
+
+
+@pytest.fixture
+def mock_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A boto3 S3 client on moto's in-memory S3 (no bucket yet), with no endpoint or profile
+    from the environment in the way."""
+    for key in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        yield boto3.client("s3")
 
 
 def load_params(path: Path) -> dict[str, torch.Tensor]:

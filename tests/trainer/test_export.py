@@ -41,6 +41,7 @@ from training.trainer import export
 from training.trainer.checkpoint import Checkpointer
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import TrainerConfig
+from training.trainer.data_config import DataConfig
 from training.trainer.export import export_checkpoint, export_trained, write_model
 from training.trainer.local_run import FORKSERVER_PRELOAD, free_port
 from training.trainer.model import build_model
@@ -117,14 +118,16 @@ def logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def load_with_timm(folder: Path) -> nn.Module:
     """Plain timm only: the architecture and its arguments from config.json, the weights from
-    model.safetensors (num_classes in the overlay, or timm drops a non-1000-class head)."""
+    model.safetensors, config.json's pretrained_cfg as the overlay (its num_classes, or timm
+    drops a non-1000-class head; its custom_load false, or timm < 1.0.31 hands the file to the
+    ViT's .npz loader; its mean/std for resolve_data_config(model=...))."""
     config = json.loads((folder / "config.json").read_text())
     return timm.create_model(
         config["architecture"],
         pretrained=True,
         pretrained_cfg_overlay={
+            **config["pretrained_cfg"],
             "file": str(folder / "model.safetensors"),
-            "num_classes": config["num_classes"],
         },
         **config["model_args"],
     )
@@ -188,6 +191,7 @@ def test_config_json_holds_exactly_what_timm_needs(tmp_path: Path) -> None:
         },
         "label_names": CLASSES,
         "pretrained_cfg": {
+            "custom_load": False,
             "input_size": [3, 32, 32],
             "fixed_input_size": True,
             "interpolation": "bicubic",
@@ -265,9 +269,7 @@ def test_write_model_refuses_a_partial_state_dict_and_never_leaves_half_a_file(
 ) -> None:
     config = config_of(folder_spec(tmp_path), tmp_path)
     model = build_model(config.model, seed=0)
-    common: dict[str, Any] = dict(
-        model_config=config.model, classes=CLASSES, eval_transform=EvalTransform()
-    )
+    common: dict[str, Any] = dict(model_config=config.model, classes=CLASSES, data=DataConfig())
     partial = {k: v for k, v in model.state_dict().items() if k != "head.bias"}
     with pytest.raises(ExportError, match=r"missing head\.bias"):
         write_model(partial, out_dir=tmp_path / "m", **common)

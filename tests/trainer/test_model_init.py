@@ -1,25 +1,24 @@
 """``job.model.init``: fine-tuning starts from a ``model.safetensors`` (local or S3). Every tensor
 but the classifier comes from the file; the classifier is re-initialised, seeded, when the class
-count differs; anything else that differs is refused, naming the field."""
+count differs; anything else that differs is refused, naming the field. (The other forms users
+have, hub-form folders and timm ``train.py`` checkpoints, and the data config of the weights:
+``test_init_weights.py``.)"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import timm
 import torch
-from moto import mock_aws
 from safetensors.torch import load_file, save_file
 
 from training.spec import load_spec
 from training.trainer.config import ConfigError, ModelConfig, TrainerConfig
-from training.trainer.model import build_model, plan_init
+from training.trainer.model import build_model, inspect_init, plan_init
 
 from .conftest import write_spec
 
@@ -75,7 +74,7 @@ def test_the_same_class_count_loads_every_tensor_including_the_head(tmp_path: Pa
     saved = load_file(str(path))
     model = build_model(tiny(str(path)), seed=0).state_dict()
     assert all(torch.equal(model[k], saved[k]) for k in saved)
-    assert plan_init(tiny(str(path)), path).reinit == ()
+    assert plan_init(tiny(str(path)), inspect_init(tiny(str(path)))).reinit == ()
 
 
 def test_another_image_size_resamples_pos_embed_with_timm(tmp_path: Path) -> None:
@@ -128,7 +127,9 @@ def test_a_config_json_beside_the_file_must_name_the_same_architecture(tmp_path:
 
 
 def test_a_missing_or_unreadable_file_names_the_field(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"job\.model\.init = '.*nothing' is not a file"):
+    with pytest.raises(
+        ConfigError, match=r"job\.model\.init = '.*nothing' is not a file or folder"
+    ):
         build_model(tiny(str(tmp_path / "nothing")), seed=0)
     (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ConfigError, match=r"job\.model\.init = .* is not a safetensors file"):
@@ -144,14 +145,9 @@ def test_the_spec_field_reaches_the_model_config(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    for key in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="weights")
-        yield client
+def s3(mock_s3: Any) -> Any:
+    mock_s3.create_bucket(Bucket="weights")
+    return mock_s3
 
 
 def test_an_s3_file_is_downloaded_and_loaded(tmp_path: Path, s3: object) -> None:

@@ -55,7 +55,12 @@ class EvalTransform:
 
     @classmethod
     def from_spec(cls, spec: EvalSpec) -> EvalTransform:
-        return cls(crop_pct=spec.crop_pct, interpolation=spec.interpolation)
+        """The spec's values, these defaults where it leaves them unset (the trainer resolves
+        them against ``job.model.init``'s weights first: ``training.trainer.data_config``)."""
+        return cls(
+            crop_pct=cls.crop_pct if spec.crop_pct is None else spec.crop_pct,
+            interpolation=cls.interpolation if spec.interpolation is None else spec.interpolation,
+        )
 
 
 TransformSpec = AugmentationSpec | EvalTransform

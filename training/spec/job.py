@@ -32,6 +32,9 @@ from training.spec.schema import (
     PricesSpec,
 )
 
+TIMM_SCHEME = "timm:"
+"""``job.model.init = "timm:NAME.TAG"``: weights from timm's hub (not supported yet)."""
+
 
 def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
     r.check_keys(t, JobSpec)
@@ -132,11 +135,49 @@ def _parse_model(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> ModelSpec:
         overrides = r.table(model_t, "overrides")
         init = r.get(model_t, "init", str, None)
         if init is not None and not init.strip():
-            r.problem("init", "empty; give a model.safetensors path or s3:// URI, or remove it")
+            r.problem(
+                "init",
+                "empty; give a weights file or hub-form folder (path or s3:// URI), or remove it",
+            )
             init = None
+        elif init is not None and init.strip().startswith(TIMM_SCHEME):
+            r.problem(
+                "init",
+                f"{init!r}: timm hub names are not supported yet; save the weights with timm "
+                "(timm.models.save_for_hf(timm.create_model(NAME, pretrained=True), DIR, "
+                "safe_serialization=True)) and give DIR or its s3:// copy",
+            )
+        init_ema = r.get(model_t, "init_ema", bool, d.model.init_ema)
+        if "init_ema" in model_t and init is None:
+            r.problem("init_ema", "only applies with init (a train.py checkpoint); remove it")
         return ModelSpec(
-            name=r.get(model_t, "name", str, d.model.name), overrides=overrides, init=init
+            name=r.get(model_t, "name", str, d.model.name),
+            overrides=overrides,
+            init=init,
+            init_ema=init_ema,
+            mean=_channels(r, model_t, "mean", low=0.0, low_open=False),
+            std=_channels(r, model_t, "std", low=0.0, low_open=True),
         )
+
+
+def _channels(
+    r: _Reader, t: Mapping[str, Any], key: str, *, low: float, low_open: bool
+) -> tuple[float, float, float] | None:
+    """Three per-channel (R, G, B) numbers in [low, 1] (or (low, 1]), or None when left out."""
+    raw = r.get(t, key, list, None)
+    if raw is None:
+        return None
+    if len(raw) != 3 or not all(
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and (low < v if low_open else low <= v)
+        and v <= 1
+        for v in raw
+    ):
+        left = "(" if low_open else "["
+        r.problem(key, f"expected [R, G, B], each in {left}{low:g}, 1], got {raw!r}")
+        return None
+    return float(raw[0]), float(raw[1]), float(raw[2])
 
 
 def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
@@ -241,10 +282,12 @@ def _parse_eval(r: _Reader, t: Mapping[str, Any], d: JobSpec, dataset: DatasetSp
     with r.at("eval"):
         r.check_keys(ev_t, EvalSpec)
         eval_batch = r.positive(ev_t, "batch_size", 0) if "batch_size" in ev_t else None
+        crop = _fraction(r, ev_t, "crop_pct", 1.0, low_open=True) if "crop_pct" in ev_t else None
         evaluation = EvalSpec(
             every_steps=r.positive(ev_t, "every_steps", d.eval.every_steps, minimum=0),
-            crop_pct=_fraction(r, ev_t, "crop_pct", d.eval.crop_pct, low_open=True),
-            interpolation=r.choice(ev_t, "interpolation", Interpolation, d.eval.interpolation),
+            at_start=r.get(ev_t, "at_start", bool, d.eval.at_start),
+            crop_pct=crop,
+            interpolation=r.choice(ev_t, "interpolation", Interpolation, None),
             batch_size=eval_batch or None,
         )
         if evaluation.interpolation is Interpolation.RANDOM:

@@ -119,9 +119,19 @@ class ModelSpec:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``timm.create_model`` (e.g. ``depth``, ``embed_dim``, ``img_size``)."""
     init: str | None = None
-    """Start from these weights: a ``model.safetensors`` (this project's export or any timm
-    file), a local path or an ``s3://`` URI; the classifier is re-initialised when its class
-    count differs."""
+    """Start from these weights, a local path or an ``s3://`` URI: a hub-form folder
+    (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, as timm's ``save_for_hf``
+    and this project's export write them) or a file timm's ``load_state_dict`` reads
+    (``.safetensors``, ``.pth``, ``.bin``, a ``train.py`` checkpoint ``*.pth.tar``); the classifier
+    is re-initialised when its class count differs (``training.trainer.init_weights``)."""
+    init_ema: bool = True
+    """From a ``train.py`` checkpoint that holds both, take its EMA weights (``state_dict_ema``,
+    as timm's ``load_checkpoint(use_ema=True)`` does); false: its raw ``state_dict``."""
+    mean: tuple[float, float, float] | None = None
+    """Per-channel mean the trainer normalises [0, 1] pixels with (default: the weights' data
+    config with ``init``, else ImageNet's)."""
+    std: tuple[float, float, float] | None = None
+    """Per-channel std, likewise (default: the weights' with ``init``, else ImageNet's)."""
 
 
 @dataclass(frozen=True)
@@ -256,8 +266,13 @@ class EvalSpec:
 
     every_steps: int = 0
     """Evaluate every N optimizer steps (0: only at the end); always at the end."""
-    crop_pct: float = 0.875
-    interpolation: Interpolation = Interpolation.BILINEAR
+    at_start: bool = False
+    """Also evaluate before the first step of a run that starts at step 0: what the starting
+    weights (``job.model.init``) score on their own."""
+    crop_pct: float | None = None
+    """Default: the weights' data config with ``job.model.init``, else 0.875."""
+    interpolation: Interpolation | None = None
+    """Default: the weights' data config with ``job.model.init``, else bilinear."""
     batch_size: int | None = None
     """Per rank (default: ``job.batch_size``)."""
 

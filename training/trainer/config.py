@@ -66,8 +66,11 @@ class ModelConfig:
     num_classes: int
     """Classifier width (``job.dataset.num_classes``)."""
     init: str | None = None
-    """Start from these weights (``job.model.init``): a ``model.safetensors`` path or ``s3://``
-    URI; ``training.trainer.model.build_model`` loads it."""
+    """Start from these weights (``job.model.init``): a hub-form folder or a weights file, a
+    path or ``s3://`` URI (``training.trainer.init_weights``); ``training.trainer.model`` loads
+    it."""
+    init_ema: bool = True
+    """From a ``train.py`` checkpoint, its EMA weights when it has them (``job.model.init_ema``)."""
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ class TrainerConfig:
                 image_size=job.dataset.image_size,
                 num_classes=job.dataset.num_classes,
                 init=job.model.init,
+                init_ema=job.model.init_ema,
             ),
             parallel=ParallelConfig(
                 strategy=job.parallelism.strategy,

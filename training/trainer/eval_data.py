@@ -67,7 +67,10 @@ class ValidationBatches:
         rank: int,
         world_size: int,
         num_workers: int | None = None,
+        eval_transform: EvalTransform | None = None,
     ) -> None:
+        """``eval_transform``: the trainer's resolved one (``training.trainer.data_config``;
+        default: the spec's ``[job.eval]`` values)."""
         job = config.spec.job
         if config.input.kind is InputKind.SYNTHETIC:
             raise ValueError(
@@ -80,7 +83,7 @@ class ValidationBatches:
         self.rank = rank
         self.world_size = world_size
         self.batch_size = job.eval.batch_size or config.batch_size
-        self.recipe = EvalTransform.from_spec(job.eval)
+        self.recipe = eval_transform or EvalTransform.from_spec(job.eval)
         self.image_size = job.dataset.image_size
         self._client: DataPlaneClient | None = None
         if self.kind is InputKind.LOCAL:

@@ -5,16 +5,19 @@ weights (the EMA weights when the checkpoint holds them) in timm's own key names
 ``config.json`` in the form timm's hub code writes and reads (``timm.models._hub``
 ``save_config_for_hf`` / ``load_model_config_from_path``): ``architecture``, ``num_classes``,
 ``num_features``, ``global_pool``, ``model_args`` (the keyword arguments the trainer gave
-``timm.create_model``), ``label_names`` and ``pretrained_cfg`` (input size, mean/std,
-interpolation, crop_pct of the eval transform). Plain timm loads the folder:
+``timm.create_model``), ``label_names`` and ``pretrained_cfg`` (input size and the job's data
+config: mean/std, interpolation, crop_pct; ``training.trainer.data_config``). Plain timm
+(>= 1.0.21) loads the folder:
 
     timm.create_model("local-dir:/path/to/folder")          # reads config.json
     timm.create_model(architecture, pretrained=True, **model_args,
-                      pretrained_cfg_overlay={"file": ".../model.safetensors",
-                                              "num_classes": num_classes})
+                      pretrained_cfg_overlay={**pretrained_cfg,
+                                              "file": ".../model.safetensors"})
 
-(without ``num_classes`` in the overlay timm compares the class count with the architecture's
-default pretrained config, 1000 for ImageNet models, and drops the classifier when they differ).
+(the whole ``pretrained_cfg`` in the overlay: without its ``num_classes`` timm compares the class
+count with the architecture's default pretrained config, 1000 for ImageNet models, and drops the
+classifier when they differ; without its ``custom_load`` false, timm < 1.0.31 hands the file to
+the ViT's ``.npz`` loader for architectures whose registry weights are ``.npz``).
 
 The checkpoint is read by ``training.trainer.checkpoint_read`` (one process, no process group,
 the weights only; from S3 only their byte ranges, ``training.trainer.s3_ranges``) and the
@@ -44,7 +47,6 @@ from training.common import aws, s3
 from training.common.files import write_atomically
 from training.common.folder import S3Folder
 from training.common.steps import step_name
-from training.data.transforms import EvalTransform
 from training.spec import ClusterSpec
 from training.trainer.checkpoint_read import (
     EMA_KEY,
@@ -54,11 +56,13 @@ from training.trainer.checkpoint_read import (
     read_weights,
 )
 from training.trainer.config import CheckpointConfig, ModelConfig, TrainerConfig
+from training.trainer.data_config import DataConfig
 from training.trainer.model import meta_model, resolve
 from training.trainer.model_config import (
     ExportError,
     check_weights,
     class_names,
+    data_config_of,
     model_config_of,
     timm_config,
 )
@@ -111,7 +115,7 @@ def write_model(
     *,
     model_config: ModelConfig,
     classes: Sequence[str],
-    eval_transform: EvalTransform,
+    data: DataConfig,
     out_dir: Path,
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
@@ -137,9 +141,7 @@ def write_model(
         ).contiguous()
         for k, v in state_dict.items()
     }
-    config = timm_config(
-        name, kwargs, meta, classes=classes, eval_transform=eval_transform, extra=extra
-    )
+    config = timm_config(name, kwargs, meta, classes=classes, data=data, extra=extra)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(
         out_dir / MODEL_FILE,
@@ -158,10 +160,10 @@ def _write_out(
     out: str,
     extra: Mapping[str, Any],
     client: Any | None,
+    data: DataConfig,
     classes: Sequence[str] | None = None,
 ) -> tuple[str, str, str, int]:
     """(out, model file, config file, model file bytes), locally or to S3."""
-    eval_transform = EvalTransform.from_spec(spec.job.eval)
     if classes is None:
         classes = class_names(spec, model_config.num_classes)
 
@@ -170,7 +172,7 @@ def _write_out(
             state,
             model_config=model_config,
             classes=classes,
-            eval_transform=eval_transform,
+            data=data,
             out_dir=folder,
             extra=extra,
         )
@@ -197,14 +199,17 @@ def export_checkpoint(
     out: str,
     weights: str = "auto",
     client: Any | None = None,
+    data: DataConfig | None = None,
 ) -> ExportResult:
     """Export ``checkpoint`` (a complete ``step-N`` folder, or a checkpoint root whose newest
     complete step is taken; local or ``s3://``) as ``model.safetensors`` + ``config.json`` in
     ``out`` (a local folder or an ``s3://`` prefix), for the model ``spec`` describes. One
     process, no process group. ``weights``: ``auto`` (EMA when present), ``ema`` or ``model``.
-    ``client``: a boto3 S3 client (default: a bounded one from the environment)."""
+    ``client``: a boto3 S3 client (default: a bounded one from the environment). ``data``: the
+    job's data config (default: ``data_config_of(spec)``)."""
     started = time.perf_counter()
     model_config_of(spec)  # a spec the trainer refuses fails before any download
+    data = data or data_config_of(spec)
     with tempfile.TemporaryDirectory(prefix="hetero-export-ckpt-") as staging:
         s3_client = client
         if s3_client is None and (s3.is_s3_uri(checkpoint) or s3.is_s3_uri(out)):
@@ -224,7 +229,7 @@ def export_checkpoint(
     )
     return export_weights(
         state, spec=spec, out=out, weights=key, step=step, source=source, client=s3_client,
-        read_s=read_s,
+        read_s=read_s, data=data,
     )  # fmt: skip
 
 
@@ -239,13 +244,16 @@ def export_weights(
     client: Any | None = None,
     classes: Sequence[str] | None = None,
     read_s: float = 0.0,
+    data: DataConfig | None = None,
 ) -> ExportResult:
     """Export a full (plain-tensor) state dict held in memory, as ``export_checkpoint`` does
     (not collective; ``export_trained`` gathers one from a running job). ``classes``: the class
     names (default: asked of the spec's dataset, which lists an S3 prefix again). ``read_s``:
-    the seconds already spent reading the weights, counted in the result's ``seconds``."""
+    the seconds already spent reading the weights, counted in the result's ``seconds``.
+    ``data``: the job's data config (default: ``data_config_of(spec)``)."""
     started = time.perf_counter() - read_s
     model_config = model_config_of(spec)
+    data = data or data_config_of(spec)
     extra = {
         "source": source,
         "step": step,
@@ -257,7 +265,7 @@ def export_weights(
     try:
         folder, model_file, config_file, size = _write_out(
             state_dict, spec=spec, model_config=model_config, out=out, extra=extra, client=client,
-            classes=classes,
+            classes=classes, data=data,
         )  # fmt: skip
     except ExportError as e:
         raise ExportError(f"{source}: {e}") from None
@@ -302,6 +310,7 @@ def export_trained(
     rank: int,
     out: str | None = None,
     classes: Sequence[str] | None = None,
+    data: DataConfig | None = None,
 ) -> ExportResult | None:
     """The end of a finished job: gather the EMA weights when ``ema`` is given (else the
     model's) and write them on rank 0 to ``out`` (default ``model_location``). Collective:
@@ -309,7 +318,8 @@ def export_trained(
     write (a full disk, S3 unreachable), every rank raises ``ExportError`` alike (rank 0
     broadcasts the outcome), so no rank waits in a later collective for a rank that raised.
     ``classes``: the dataset's class names when the caller has them (default: asked of the
-    spec's dataset, which lists an S3 prefix again)."""
+    spec's dataset, which lists an S3 prefix again). ``data``: the job's data config (the
+    trainer's; default: ``data_config_of(config.spec)``)."""
     weights = EMA_KEY if ema is not None else MODEL_KEY
     state = full_state_dict(ema if ema is not None else model)
     result: ExportResult | None = None
@@ -320,7 +330,7 @@ def export_trained(
         try:
             result = export_weights(
                 state, spec=config.spec, out=target, weights=weights, step=step, source=source,
-                classes=classes,
+                classes=classes, data=data,
             )  # fmt: skip
         except Exception as e:
             log.exception("exporting the model to %s failed", target)

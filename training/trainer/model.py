@@ -12,7 +12,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from training.common import aws, s3
-from training.trainer.config import ConfigError, ModelConfig
+from training.spec import ClusterSpec, SpecError
+from training.trainer.config import ConfigError, ModelConfig, TrainerConfig
+from training.trainer.data_config import job_data_config
+from training.trainer.init_weights import INIT_FIELD, InitWeights, read_init
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,19 @@ def build_model(config: ModelConfig, *, seed: int) -> nn.Module:
     """The model in fp32 on the CPU, identical on every rank for one seed (FSDP keeps each
     rank's shard of its local copy, so the copies must agree): randomly initialised, or with
     ``config.init``'s weights (``job.model.init``; see ``load_init``)."""
+    return start_model(config, seed=seed).model
+
+
+@dataclass(frozen=True)
+class StartedModel:
+    model: nn.Module
+    weights: InitWeights | None = None
+    """What ``job.model.init`` held (its tensors dropped once loaded); None: random init."""
+
+
+def start_model(config: ModelConfig, *, seed: int) -> StartedModel:
+    """``build_model``, and what the init weights said about themselves (their data config:
+    ``training.trainer.data_config``)."""
     name, kwargs = resolve(config)
     if config.init:
         return load_init(config, seed=seed)
@@ -78,14 +93,10 @@ def build_model(config: ModelConfig, *, seed: int) -> nn.Module:
         raise ConfigError([f"job.model.overrides: timm's {name!r} rejects them: {e}"]) from e
     params = sum(p.numel() for p in model.parameters())
     log.info("model %s (%s): %.2fM parameters", config.name, name, params / 1e6)
-    return model
+    return StartedModel(model)
 
 
 # -- job.model.init ----------------------------------------------------------------------------
-
-INIT_FIELD = "job.model.init"
-_INIT_CONFIG = "config.json"
-"""timm's config beside a weights file (this project's export writes one); checked when there."""
 
 
 @dataclass(frozen=True)
@@ -101,23 +112,23 @@ class InitPlan:
     tensors: int
 
 
-def load_init(config: ModelConfig, *, seed: int) -> nn.Module:
-    """The model with ``config.init``'s weights (a ``model.safetensors`` path or ``s3://`` URI;
-    an S3 file is downloaded to a temporary folder, read and deleted). timm loads them
-    (``create_model(..., pretrained=True, pretrained_cfg_overlay={"file": ...})``, which resamples
-    ``pos_embed`` for another image size and drops the classifier when the class counts differ);
-    the model is built after ``torch.manual_seed(seed)``, so a classifier left out is initialised
-    the same on every rank. Everything else must match: ``ConfigError`` naming
-    ``job.model.init`` and what differs (missing or unexpected tensors, shapes, and the
-    architecture and arguments in a ``config.json`` beside the file)."""
+def load_init(config: ModelConfig, *, seed: int) -> StartedModel:
+    """The model with ``config.init``'s weights (``training.trainer.init_weights``: a hub-form
+    folder or a weights file, local or in S3, which is downloaded to a temporary folder and
+    deleted after loading). ``plan_init`` checks them against the model first; then timm loads
+    them (``create_model(..., pretrained=True, pretrained_cfg_overlay={"state_dict": ...})``:
+    the model's own ``checkpoint_filter_fn`` resamples ``pos_embed`` for another image size,
+    and the classifier is dropped when the class counts differ). The model is built after
+    ``torch.manual_seed(seed)``, so a classifier left out is initialised the same on every
+    rank. ``ConfigError`` naming ``job.model.init`` and what differs otherwise."""
     assert config.init
     name, kwargs = resolve(config)
-    uri = config.init.strip()
     with tempfile.TemporaryDirectory(prefix="hetero-init-") as tmp:
-        path, file_config = _fetch_init(uri, Path(tmp))
-        plan = plan_init(config, path, file_config)
+        weights = read_init(config, name, Path(tmp))
+        plan = plan_init(config, weights)
         torch.manual_seed(seed)
-        overlay = {"file": str(path), "num_classes": plan.file_classes}
+        # A state dict in the overlay is timm's first weight source: nothing is downloaded.
+        overlay = {"state_dict": dict(weights.state_dict), "num_classes": plan.file_classes}
         try:
             model = timm.create_model(
                 name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs
@@ -125,7 +136,14 @@ def load_init(config: ModelConfig, *, seed: int) -> nn.Module:
         except TypeError as e:
             raise ConfigError([f"job.model.overrides: timm's {name!r} rejects them: {e}"]) from e
         except (RuntimeError, ValueError) as e:  # what the checks above did not foresee
-            raise ConfigError([f"{INIT_FIELD} = {uri!r}: timm could not load it: {e}"]) from e
+            raise ConfigError(
+                [f"{INIT_FIELD} = {weights.uri!r}: timm could not load it: {e}"]
+            ) from e
+    # The model's pretrained_cfg keeps the overlay: let the loaded tensors go.
+    pretrained_cfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(pretrained_cfg, dict):
+        pretrained_cfg["state_dict"] = None
+    weights = replace(weights, state_dict={})
     params = sum(p.numel() for p in model.parameters())
     log.info(
         "model %s (%s): %.2fM parameters; loaded %d tensors from %s (%s)",
@@ -133,7 +151,7 @@ def load_init(config: ModelConfig, *, seed: int) -> nn.Module:
         name,
         params / 1e6,
         plan.tensors - len(plan.reinit),
-        uri,
+        f"the {weights.entry} entry of {weights.file}" if weights.entry else weights.file,
         f"{plan.file_classes} classes" if plan.file_classes else "no classifier",
     )
     if plan.reinit:
@@ -152,50 +170,35 @@ def load_init(config: ModelConfig, *, seed: int) -> nn.Module:
             ", ".join(plan.resampled),
             config.image_size,
         )
-    return model
+    return StartedModel(model, weights)
 
 
-def _fetch_init(uri: str, tmp: Path) -> tuple[Path, dict[str, Any] | None]:
-    """The local weights file for ``uri`` and the ``config.json`` beside it (None: none)."""
-    if s3.is_s3_uri(uri):
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            bucket, key = s3.parse_s3_object(uri)
-        except ValueError:
-            raise ConfigError(
-                [f"{INIT_FIELD} = {uri!r}: give the file's URI, s3://bucket/path/model.safetensors"]
-            ) from None
-        client = aws.client()
-        path = tmp / Path(key).name
-        try:
-            client.download_file(bucket, key, str(path))
-        except (BotoCoreError, ClientError) as e:
-            raise ConfigError([f"{INIT_FIELD} = {uri!r}: cannot download it: {e}"]) from e
-        config_key = f"{key.rpartition('/')[0]}/{_INIT_CONFIG}".lstrip("/")
-        try:
-            client.download_file(bucket, config_key, str(tmp / _INIT_CONFIG))
-        except ClientError:
-            return path, None  # No config.json beside it: a bare timm weights file.
-        return path, _read_config(uri, tmp / _INIT_CONFIG)
-    path = Path(uri).expanduser()
-    if not path.is_file():
-        raise ConfigError(
-            [f"{INIT_FIELD} = {uri!r} is not a file; give a model.safetensors path or s3:// URI"]
-        )
-    beside = path.parent / _INIT_CONFIG
-    return path, _read_config(uri, beside) if beside.is_file() else None
+def inspect_init(config: ModelConfig, *, tensors: bool = False) -> InitWeights:
+    """``config.init`` read and checked against the model (``plan_init``) without building it:
+    what ``check_init`` and the export's data config need. ``ConfigError`` as ``load_init``."""
+    assert config.init
+    name, _ = resolve(config)
+    with tempfile.TemporaryDirectory(prefix="hetero-init-") as tmp:
+        weights = read_init(config, name, Path(tmp), tensors=tensors)
+    plan_init(config, weights)
+    return weights
 
 
-def _read_config(uri: str, path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        log.warning(
-            "%s = %r: the config.json beside it is unreadable (%s): not checked", INIT_FIELD, uri, e
-        )
+def check_init(spec: ClusterSpec) -> InitWeights | None:
+    """Refuse, before anything is deployed, a ``job.model.init`` the trainer would refuse:
+    missing, in no format timm reads, of another architecture, or with a data config the
+    trainer cannot use. ``SpecError`` naming ``job.model.init`` and the fix; None when the spec
+    has no init. Reads the weights (an ``s3://`` one is downloaded, so this needs credentials
+    for its bucket)."""
+    if not spec.job.model.init:
         return None
-    return value if isinstance(value, dict) else None
+    try:
+        model = TrainerConfig.from_spec(spec, run_dir=".", synthetic=True, environ={}).model
+        weights = inspect_init(model)
+        job_data_config(spec.job, weights.data, weights.data_from)
+    except ConfigError as e:
+        raise SpecError(e.problems, spec.source) from None
+    return weights
 
 
 def _classifier_keys(model: nn.Module) -> tuple[str, ...]:
@@ -204,26 +207,15 @@ def _classifier_keys(model: nn.Module) -> tuple[str, ...]:
     return tuple(f"{n}.{p}" for n in names for p in ("weight", "bias"))
 
 
-def plan_init(
-    config: ModelConfig, path: Path, file_config: Mapping[str, Any] | None = None
-) -> InitPlan:
-    """Compare the file's tensors (names and shapes, read from its header) with the model
-    ``config`` builds (on the meta device); ``ConfigError`` naming ``job.model.init`` and every
-    difference that is not the classifier's class count or ``pos_embed``'s token count."""
-    from safetensors import SafetensorError, safe_open
-
-    uri = config.init or str(path)
+def plan_init(config: ModelConfig, weights: InitWeights) -> InitPlan:
+    """Compare the weights' tensors (names and shapes) with the model ``config`` builds (on the
+    meta device), and the architecture and arguments they name with the model's; ``ConfigError``
+    naming ``job.model.init`` and every difference that is not the classifier's class count or
+    ``pos_embed``'s token count."""
+    uri = weights.uri
     name, kwargs = resolve(config)
-    problems: list[str] = []
-    if file_config is not None:
-        problems += _config_differences(name, kwargs, file_config)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ConfigError(
-            [f"{INIT_FIELD} = {uri!r} is not a safetensors file ({e}); give a model.safetensors"]
-        ) from e
+    problems = _config_differences(name, kwargs, weights)
+    shapes = dict(weights.shapes)
     _, _, meta = meta_model(config)
     expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
     head = _classifier_keys(meta)
@@ -276,16 +268,16 @@ _FREE_ARGS = frozenset({"num_classes", "img_size"})
 """Arguments a fine-tune may change: the classifier is re-initialised, pos_embed resampled."""
 
 
-def _config_differences(
-    name: str, kwargs: Mapping[str, Any], file_config: Mapping[str, Any]
-) -> list[str]:
-    """The architecture and arguments in the file's ``config.json`` that disagree with ours."""
+def _config_differences(name: str, kwargs: Mapping[str, Any], weights: InitWeights) -> list[str]:
+    """The architecture (``config.json``'s, a checkpoint's ``args.model``) and ``config.json``
+    arguments of the weights that disagree with ours."""
     problems = []
-    arch = file_config.get("architecture")
-    if isinstance(arch, str) and arch.split(".", 1)[0] != name:
-        problems.append(f"its config.json says architecture {arch!r}, the model is {name!r}")
-    args = file_config.get("model_args")
-    if isinstance(args, Mapping):
+    arch, args = weights.architecture, weights.model_args
+    if arch is not None and arch.split(".", 1)[0] != name:
+        problems.append(
+            f"{weights.architecture_from} says architecture {arch!r}, the model is {name!r}"
+        )
+    if args is not None:
         for key in sorted(set(args) & set(kwargs) - _FREE_ARGS):
             theirs, ours = args[key], kwargs[key]
             if json.loads(json.dumps(theirs)) != json.loads(json.dumps(ours)):

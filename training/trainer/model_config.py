@@ -14,14 +14,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
 from training.data import build_dataset
-from training.data.transforms import EvalTransform
 from training.spec import ClusterSpec
-from training.trainer.config import ModelConfig, TrainerConfig
-from training.trainer.model import shape_differences, some_keys
+from training.trainer.config import ConfigError, ModelConfig, TrainerConfig
+from training.trainer.data_config import DataConfig, job_data_config, needs_weights
+from training.trainer.model import inspect_init, shape_differences, some_keys
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +32,31 @@ class ExportError(ValueError):
 def model_config_of(spec: ClusterSpec) -> ModelConfig:
     """The ``ModelConfig`` the trainer builds from ``spec`` (same validation, same defaults)."""
     return TrainerConfig.from_spec(spec, run_dir=".", synthetic=True, environ={}).model
+
+
+def data_config_of(spec: ClusterSpec) -> DataConfig:
+    """The data config a job of ``spec`` trains with (``job_data_config``): the values the
+    spec leaves to ``job.model.init``'s weights are read from them again (their config only),
+    so they must still be where the spec says. ``ExportError`` saying which fields to set
+    otherwise."""
+    weights = None
+    if needs_weights(spec.job):
+        try:
+            weights = inspect_init(model_config_of(spec))
+        except ConfigError as e:
+            raise ExportError(
+                "the data config (mean, std, interpolation, crop_pct) follows job.model.init's "
+                f"weights, which cannot be read here ({'; '.join(e.problems)}); set "
+                "job.model.mean, job.model.std, job.eval.interpolation and job.eval.crop_pct "
+                "to what the job trained with"
+            ) from None
+    try:
+        return job_data_config(
+            spec.job, weights.data if weights else None,
+            weights.data_from if weights else "the weights",
+        )  # fmt: skip
+    except ConfigError as e:
+        raise ExportError("; ".join(e.problems)) from None
 
 
 def class_names(spec: ClusterSpec, num_classes: int) -> list[str]:
@@ -81,13 +105,16 @@ def timm_config(
     model: nn.Module,
     *,
     classes: Sequence[str],
-    eval_transform: EvalTransform,
+    data: DataConfig,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``config.json`` for the weights of ``model.meta_model``'s ``(name, kwargs, model)``, in
     timm's hub form: what ``timm.create_model("local-dir:...")`` needs to rebuild the model and
     what ``timm.data.resolve_data_config`` needs to preprocess as the trainer evaluated
-    (mean/std: ImageNet's, as the trainer normalises). ``extra`` goes under the key ``hetero``."""
+    (``data``: the job's mean, std, interpolation and crop_pct). ``custom_load`` is false, as
+    timm's own ``save_for_hf`` writes it: the file is a native timm state dict, so
+    ``pretrained_cfg_overlay={**pretrained_cfg, "file": ...}`` loads it on any timm, also for an
+    architecture whose registry weights are a ViT ``.npz``. ``extra`` goes under ``hetero``."""
     num_classes = int(getattr(model, "num_classes"))  # noqa: B009 - every timm classifier has it
     if len(classes) != num_classes:
         raise ExportError(f"{len(classes)} class names for a model of {num_classes} classes")
@@ -97,13 +124,14 @@ def timm_config(
     in_chans = int(kwargs.get("in_chans", 3))
     same_size = list(default.get("input_size", (3, 0, 0))[1:]) == size
     pretrained_cfg = {
+        "custom_load": False,
         "input_size": [in_chans, *size],
         "fixed_input_size": bool(default.get("fixed_input_size", False)),
-        "interpolation": str(eval_transform.interpolation),
-        "crop_pct": float(eval_transform.crop_pct),
+        "interpolation": str(data.interpolation),
+        "crop_pct": float(data.crop_pct),
         "crop_mode": "center",
-        "mean": list(IMAGENET_DEFAULT_MEAN),
-        "std": list(IMAGENET_DEFAULT_STD),
+        "mean": list(data.mean),
+        "std": list(data.std),
         "num_classes": num_classes,
         # The default's pooled feature-map size only holds at its own input size (as timm's
         # save_config_for_hf does).

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -39,6 +38,7 @@ from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import InputKind, TrainerConfig
+from training.trainer.data_config import job_data_config
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
 from training.trainer.export import export_trained
@@ -51,7 +51,7 @@ from training.trainer.metrics import (
     RunFacts,
     peak_flops,
 )
-from training.trainer.model import build_model, training_flops_per_sample
+from training.trainer.model import start_model, training_flops_per_sample
 from training.trainer.model_config import ExportError
 from training.trainer.parallel_dims import ParallelDims
 from training.trainer.parallelize import compile_blocks, parallelize
@@ -141,7 +141,14 @@ class Trainer:
         self.mesh = self.dims.build_mesh(self.device.type, timeout_s=timeouts.collective_s)
         self.autocast = config.bf16 and self.device.type == "cuda"
 
-        model = build_model(config.model, seed=config.seed)
+        started = start_model(config.model, seed=config.seed)
+        model, weights = started.model, started.weights
+        # The data the model expects, the same for normalisation, validation and the export.
+        self.data = job_data_config(
+            config.spec.job, weights.data if weights else None,
+            weights.data_from if weights else "the weights",
+        )  # fmt: skip
+        log.info("data config: %s", self.data.describe())
         if config.compile:
             compile_blocks(model)
         self.model: nn.Module = parallelize(
@@ -160,7 +167,10 @@ class Trainer:
         self.ema = build_ema(self.model, job, self.device)
         self.validation: ValidationBatches | None = None
         if job.dataset.has_validation and config.input.kind is not InputKind.SYNTHETIC:
-            self.validation = ValidationBatches(config, rank=self.rank, world_size=self.world_size)
+            self.validation = ValidationBatches(
+                config, rank=self.rank, world_size=self.world_size,
+                eval_transform=self.data.eval_transform,
+            )  # fmt: skip
         ckpt = config.checkpoint
         # Checkpoint collectives on a gloo group of their own, with a longer timeout (a slow
         # upload is not a lost peer); background saves' DCP collectives on another, so a
@@ -191,8 +201,8 @@ class Trainer:
         self._data_state: dict[str, Any] | None = None
         """The data position to checkpoint instead of the stream's (after a voided step)."""
 
-        mean = torch.tensor(IMAGENET_DEFAULT_MEAN, device=self.device).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_DEFAULT_STD, device=self.device).view(1, 3, 1, 1)
+        mean = torch.tensor(self.data.mean, device=self.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.data.std, device=self.device).view(1, 3, 1, 1)
         self._mean, self._std = mean, std
         self.restored: Restored | None = None
         self.samples = (
@@ -317,6 +327,9 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         stopped_by = "steps"
         lr = self.lr_at(self.step + 1)
+        if job.eval.at_start and self.step == 0 and self.validation is not None:
+            # What the starting weights score, before any update (evaluation is not step time).
+            interval.started += self._validate(started, eval_excluded)
         while c.total_steps is None or self.step < c.total_steps:
             step_started, waited_before = time.perf_counter(), interval.data_wait_s
             lr = self.lr_at(self.step + 1)
@@ -408,7 +421,9 @@ class Trainer:
             # The model a user loads: model.safetensors + config.json beside the checkpoints.
             ema = self.ema.module if self.ema is not None else None
             try:
-                result = export_trained(self.model, ema, config=c, step=self.step, rank=self.rank)
+                result = export_trained(
+                    self.model, ema, config=c, step=self.step, rank=self.rank, data=self.data
+                )
                 exported = result.out if result is not None else None
             except ExportError as e:
                 # The job's work is durable in its checkpoint; `hetero export` can write the
@@ -436,6 +451,7 @@ class Trainer:
                 "memory_per_rank": per_rank,
                 "checkpoint": self.policy.summary(),
                 "recipe": recipe_summary(self.config.spec.job),
+                "data_config": self.data.as_dict(),
                 "model": exported,
             }
         )
