@@ -22,20 +22,32 @@ from training.common.names import (
     SAGEMAKER_SPEC_CHANNEL,
     TAG_CLUSTER,
 )
-from training.spec import DatasetSource, DatasetSpec
+from training.spec import DatasetSource, DatasetSpec, Role
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-"""The Docker build context: the Dockerfile COPYs pyproject.toml, training/ and cluster.toml."""
+"""The Docker build context: the Dockerfile COPYs containers/, pyproject.toml, README.md and
+training/ (``.dockerignore`` lets in nothing else). No spec: it reaches the instances at run
+time (EC2 user data, SageMaker's ``spec`` channel)."""
 DOCKERFILE = "containers/Dockerfile"
 
 
-class ClusterImage(Construct):
-    """The one container image every instance runs, built from ``containers/Dockerfile``.
+TRAINER_TARGET = "trainer"
+"""The Dockerfile target of the GPU image: trainer groups, and every SageMaker job (SageMaker runs
+one image on all of a job's instance groups)."""
+DATA_SERVER_TARGET = "data-server"
+"""The Dockerfile target of the CPU image: dataprep groups (no CUDA, no EFA)."""
 
-    Attributes: ``asset`` (the Docker image asset; ``cdk deploy`` builds and pushes it to the
-    bootstrap ECR repository) and ``image_uri``.
+
+class ClusterImage(Construct):
+    """The cluster's two container images, two targets of ``containers/Dockerfile``: the trainer
+    image (torch with its CUDA wheels, the EFA stack) and the data-server image (PyTorch's CPU
+    builds, nothing GPU), so a CPU instance the elastic tier adds pulls no CUDA.
+
+    Attributes: ``asset`` and ``image_uri`` (the trainer image; ``cdk deploy`` builds and pushes
+    each asset to the bootstrap ECR repository), ``data_server_asset``,
+    ``data_server_image_uri``, and ``uri_for(role)``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, build_context: Path) -> None:
@@ -43,17 +55,28 @@ class ClusterImage(Construct):
         dockerfile = build_context / DOCKERFILE
         if not dockerfile.is_file():
             raise FileNotFoundError(f"{dockerfile}: the image's Dockerfile is missing")
-        # The repo root is the context (the image installs the project); .dockerignore there
-        # keeps .venv, node_modules and cdk.out out of the staged asset.
-        self.asset = ecr_assets.DockerImageAsset(
-            self,
-            "Asset",
-            directory=str(build_context),
-            file=DOCKERFILE,
-            platform=ecr_assets.Platform.LINUX_AMD64,
-            display_name="hetero launcher image",
-        )
+
+        def image(asset_id: str, target: str, name: str) -> ecr_assets.DockerImageAsset:
+            # The repo root is the context (the image installs the project); .dockerignore
+            # there keeps .venv, node_modules and cdk.out out of the staged asset.
+            return ecr_assets.DockerImageAsset(
+                self,
+                asset_id,
+                directory=str(build_context),
+                file=DOCKERFILE,
+                target=target,
+                platform=ecr_assets.Platform.LINUX_AMD64,
+                display_name=name,
+            )
+
+        self.asset = image("Asset", TRAINER_TARGET, "hetero trainer image")
         self.image_uri: str = self.asset.image_uri
+        self.data_server_asset = image("DataServerAsset", DATA_SERVER_TARGET, "hetero data server")
+        self.data_server_image_uri: str = self.data_server_asset.image_uri
+
+    def uri_for(self, role: Role) -> str:
+        """The image the instances of ``role`` run."""
+        return self.image_uri if role is Role.TRAINER else self.data_server_image_uri
 
 
 class CheckpointBucket(Construct):
@@ -217,6 +240,7 @@ class InstanceRole(Construct):
                 resources=["*"],
             )
         )
+        # Both images are in the one bootstrap repository: this grant covers them both.
         image.asset.repository.grant_pull(self.role)
         checkpoints.grant_checkpoint_access(self.role)
         log_group.grant_write(self.role)

@@ -46,13 +46,14 @@ from training.common.names import (
     asg_name,
     job_parameter_name,
 )
+from training.common.outcome import CONTAINER_STOP_TIMEOUT_S
 from training.spec import ClusterSpec, InstanceGroup, Market, Role
 
 logger = logging.getLogger(__name__)
 
 # Public SSM parameters (resolved at deploy time, so synth needs no account).
 # Trainers: the Deep Learning Base OSS Nvidia Driver AMI on AL2023 (NVIDIA driver, NVIDIA container
-# toolkit, Docker, the EFA driver).
+# toolkit, containerd, the EFA driver; the boot makes sure of Docker, see `user_data_script`).
 # Dataprep: the ECS-optimised AL2023 AMI (Docker; no GPU stack). It is built on the *minimal*
 # AL2023 AMI and adds only Docker, containerd, the ECS agent and a few utilities (package list:
 # variables.pkr.hcl `packages_al2023` in github.com/aws/amazon-ecs-ami), so it has no AWS CLI.
@@ -74,6 +75,17 @@ no route to; with them enabled, fetching their metadata could fail or stall the 
 ROOT_DEVICE = "/dev/xvda"
 LAUNCHER_RESTARTS = 5
 """Docker restarts of a launcher that exits non-zero (``docker run --restart on-failure:N``)."""
+LOG_MODE = "non-blocking"
+"""The awslogs driver's delivery mode. Docker's default, ``blocking``, makes a write to stdout
+or stderr wait while the driver cannot send: a CloudWatch Logs throttle would stall the ranks
+mid-step into a collective timeout. ``non-blocking`` puts lines in a per-container buffer and
+drops them when it is full ("Dropping messages is often preferred to blocking the log-writing
+process of an application": https://docs.docker.com/engine/logging/configure/, "Configure the
+delivery mode of log messages from container to log driver")."""
+LOG_BUFFER_SIZE = "16m"
+"""``max-buffer-size`` of that buffer (Docker's default is ``1m``, 1 MB; same page): 16 MB of
+host memory at most, a bounded cost next to the instance's GiBs, for room to ride out a
+throttle instead of dropping lines at once."""
 BOOT_ATTEMPTS = 6
 """Tries of each boot step that depends on the network (package install, image pull)."""
 BOOT_RETRY_SECONDS = 20
@@ -82,7 +94,9 @@ TERMINATION_HOOK_TIMEOUT = Duration.minutes(5)
 """How long an Auto Scaling termination waits for the trainer's checkpoint (the launcher
 completes the lifecycle action sooner; at the timeout the termination goes on anyway)."""
 # Root volume, GiB: the AMI's own snapshot (about 75 GiB for the DL base AMI, 30 for ECS) plus
-# the image (about 10 GiB compressed, 20+ unpacked) plus room for local checkpoint staging.
+# the role's image, compressed and unpacked (its Python packages: trainer 3.1 GB compressed and
+# 5.9 GB unpacked, data server about 0.3 and 1.1 GB; README, "The two images"; the OS layers
+# and the EFA stack on top) plus room for local checkpoint staging.
 ROOT_VOLUME_GIB: Mapping[Role, int] = {Role.TRAINER: 200, Role.DATAPREP: 100}
 
 
@@ -180,9 +194,10 @@ def user_data_script(
         f'echo {spec_b64} | base64 -d > "$HOST_SPEC_DIR/cluster.toml"',
         f"IMAGE={image_uri}",
         'REGISTRY="${IMAGE%%/*}"',
-        # Docker: the ECS AMI ships it; the DLAMI's release notes list the NVIDIA container
-        # toolkit and containerd but not Docker, so install it if absent and register the NVIDIA
-        # runtime for `--gpus`.
+        # Docker: the ECS AMI ships it. The boot does not count on the DLAMI either way: the
+        # package table of its release notes names the NVIDIA container toolkit and containerd
+        # but says nothing of Docker. Where `docker` is on PATH this step does nothing; where it
+        # is not, the boot installs it and registers the NVIDIA runtime for `--gpus`.
         "if ! command -v docker >/dev/null; then",
         f"  retry {DNF_INSTALL} docker",
         *(
@@ -211,7 +226,11 @@ def user_data_script(
         # The trainer's EMF lines need no log option: CloudWatch Logs extracts metrics from EMF
         # events; the json/emf header is optional
         # (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Generation_PutLogEvents.html).
+        # --stop-timeout: a stop without its own timeout (`docker stop`; the daemon's shutdown
+        # uses each container's stop timeout too, moby/moby#22566) waits for the role's grace
+        # and the launcher's own stop before SIGKILL (CONTAINER_STOP_TIMEOUT_S).
         f"docker run --detach --restart on-failure:{LAUNCHER_RESTARTS} --name hetero "
+        f"--stop-timeout {CONTAINER_STOP_TIMEOUT_S} "
         "--network host --ipc host "
         f"--ulimit memlock=-1 --ulimit stack=67108864 {gpu_flags}$EFA_DEVICES"
         '-v "$HOST_SPEC_DIR:$HOST_SPEC_DIR:ro" '
@@ -221,6 +240,7 @@ def user_data_script(
         f"--log-opt awslogs-region={region} "
         f"--log-opt awslogs-group={log_group_name} "
         f'--log-opt awslogs-stream={group.name}/"$INSTANCE_ID" '
+        f"--log-opt mode={LOG_MODE} --log-opt max-buffer-size={LOG_BUFFER_SIZE} "
         f'"$IMAGE" launch --spec {DEPLOYED_SPEC_PATH} --group {group.name}',
     ]
 

@@ -2,7 +2,8 @@
 
 ``NetworkStack`` (VPC, endpoints, security groups) changes rarely; its interface endpoints bill
 per AZ-hour while it exists (``training.network_cost``);
-``ClusterStack`` (image, roles, bucket, one fleet per instance group) is what each job changes.
+``ClusterStack`` (the two images, roles, bucket, one fleet per instance group) is what each job
+changes.
 Splitting them lets a new job redeploy the cluster without touching the network, and lets
 ``cdk destroy`` of a job leave nothing but what the user asked to keep.
 """
@@ -51,7 +52,7 @@ class NetworkStack(cdk.Stack):
 
 
 class ClusterStack(cdk.Stack):
-    """Everything one job runs on: image, bucket, logs, roles and a fleet per instance group
+    """Everything one job runs on: images, bucket, logs, roles and a fleet per instance group
     (with a cluster placement group of its own where the group uses one). Attributes:
     ``image``, ``checkpoints``, ``log_group``, ``instance_role``, ``sagemaker_role``, ``fleets``
     (by group name), ``dashboard``, ``job``."""
@@ -134,7 +135,7 @@ class ClusterStack(cdk.Stack):
                 subnet=network.subnet,
                 security_group=network.cluster_security_group,
                 role=self.instance_role.role,
-                image_uri=self.image.image_uri,
+                image_uri=self.image.uri_for(group.role),  # each role its own image
                 log_group=self.log_group,
                 checkpoint_uri=self.checkpoints.uri,
                 asg_names=asg_names,
@@ -148,7 +149,14 @@ class ClusterStack(cdk.Stack):
         )
 
         outputs = {
-            "ImageUri": (self.image.image_uri, "container image every instance runs"),
+            "ImageUri": (
+                self.image.image_uri,
+                "trainer image (GPU: trainer groups; the image of hetero sagemaker submit's jobs)",
+            ),
+            "DataServerImageUri": (
+                self.image.data_server_image_uri,
+                "data-server image (CPU only: dataprep groups)",
+            ),
             "CheckpointBucketName": (self.checkpoints.bucket.bucket_name, "checkpoint bucket"),
             "CheckpointUri": (self.checkpoints.uri, "where the trainer writes checkpoints"),
             "ModelUri": (

@@ -541,15 +541,18 @@ def test_instances_run_the_ami_of_their_role(
 def test_image_uri_is_in_the_bootstrap_image_repository(
     first: Deployment, assembly: Assembly, env: Environment
 ) -> None:
-    (tag,) = {
-        d["imageTag"]
+    tags = {
+        a["source"]["dockerBuildTarget"]: d["imageTag"]
         for m in assembly.asset_manifests
         for a in m.get("dockerImages", {}).values()
         for d in a["destinations"].values()
     }
+    assert set(tags) == {"trainer", "data-server"}  # two targets of containers/Dockerfile
     repository = env.bootstrap.image_repository
-    assert first.output(assembly.stack_names[1], "ImageUri") == (
-        f"{ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/{repository}:{tag}"
+    registry = f"{ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/{repository}"
+    assert first.output(assembly.stack_names[1], "ImageUri") == f"{registry}:{tags['trainer']}"
+    assert first.output(assembly.stack_names[1], "DataServerImageUri") == (
+        f"{registry}:{tags['data-server']}"
     )
     repositories = env.emulator.client("ecr").describe_repositories()["repositories"]
     assert [r["repositoryName"] for r in repositories] == [repository]

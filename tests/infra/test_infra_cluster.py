@@ -652,21 +652,49 @@ def test_roles_trust_their_services(spot: BuiltApp) -> None:
 # ----------------------------------------------------------------------------- image, outputs
 
 
-def test_image_is_a_docker_asset_from_containers(spot: BuiltApp) -> None:
-    asset = spot.stacks.cluster.image.asset
-    assert asset.image_uri  # a token resolved at deploy time
+def test_two_image_assets_each_launch_template_names_the_one_for_its_role(
+    spot: BuiltApp,
+) -> None:
+    """The trainer and data-server targets of containers/Dockerfile are two image assets; the
+    trainer launch template pulls the trainer image and the dataprep one the CPU-only image,
+    so a data server never pulls the CUDA wheels."""
+    image = spot.stacks.cluster.image
+    assert image.asset.image_uri and image.data_server_asset.image_uri  # deploy-time tokens
     assembly = spot.app.synth()
     assets_file = Path(assembly.directory) / f"{spot.stacks.cluster.artifact_id}.assets.json"
     assets = json.loads(assets_file.read_text())
-    (image,) = assets["dockerImages"].values()
-    assert image["source"]["dockerFile"] == "containers/Dockerfile"
-    assert image["source"]["platform"] == "linux/amd64"
+    images = list(assets["dockerImages"].values())
+    assert len(images) == 2
+    tags: dict[str, str] = {}
+    for asset in images:
+        assert asset["source"]["dockerFile"] == "containers/Dockerfile"
+        assert asset["source"]["platform"] == "linux/amd64"
+        (destination,) = asset["destinations"].values()
+        tags[asset["source"]["dockerBuildTarget"]] = destination["imageTag"]
+    assert set(tags) == {"trainer", "data-server"}
+    assert tags["trainer"] != tags["data-server"]
+    templates = spot.cluster.find_resources("AWS::EC2::LaunchTemplate")
+    for group, target in (("trainer", "trainer"), ("dataprep", "data-server")):
+        cfn = spot.stacks.cluster.fleets[group].launch_template.node.default_child
+        assert isinstance(cfn, cdk.CfnResource)
+        user_data = json.dumps(
+            templates[spot.stacks.cluster.get_logical_id(cfn)]["Properties"]["LaunchTemplateData"]
+        )
+        other = "data-server" if target == "trainer" else "trainer"
+        assert f":{tags[target]}" in user_data, group
+        assert tags[other] not in user_data, group
+    # One repository (CDK's bootstrap one) holds both, so one pull grant covers both.
+    stack = spot.stacks.cluster
+    assert stack.resolve(image.asset.repository.repository_name) == stack.resolve(
+        image.data_server_asset.repository.repository_name
+    )
 
 
 def test_outputs_for_users_and_the_sagemaker_backend(spot: BuiltApp) -> None:
     outputs = spot.cluster.to_json()["Outputs"]
     for key in (
         "ImageUri",
+        "DataServerImageUri",
         "CheckpointBucketName",
         "CheckpointUri",
         "LogGroupName",

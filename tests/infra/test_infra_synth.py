@@ -48,15 +48,18 @@ def test_cdk_synth_from_the_repo_under_a_minute(tmp_path: Path) -> None:
     assert elapsed < SYNTH_BUDGET_S, f"synth took {elapsed:.1f} s"
     for stack in ("hetero-vit-network", "hetero-vit-cluster"):
         assert (out / f"{stack}.template.json").is_file()
-    # The image asset staged only what the Dockerfile needs (not .venv or node_modules).
-    (asset,) = [p for p in out.iterdir() if p.name.startswith("asset.") and p.is_dir()]
-    staged = {p.name for p in asset.iterdir()}
-    # Exactly what the Dockerfile COPYs; no spec (it reaches instances at run time, so editing
-    # it never rebuilds the image) and nothing large.
-    assert staged == {"containers", "training", "pyproject.toml", "README.md", ".dockerignore"}
-    size = sum(p.stat().st_size for p in asset.rglob("*") if p.is_file())
-    assert size < 5_000_000, f"build context {size / 1e6:.1f} MB"
-    assert not list(asset.rglob("__pycache__"))
+    # Each image asset (the trainer and data-server targets) staged only what the Dockerfile
+    # needs (not .venv or node_modules).
+    assets = [p for p in out.iterdir() if p.name.startswith("asset.") and p.is_dir()]
+    assert len(assets) == 2
+    for asset in assets:
+        staged = {p.name for p in asset.iterdir()}
+        # Exactly what the Dockerfile COPYs; no spec (it reaches instances at run time, so
+        # editing it never rebuilds an image) and nothing large.
+        assert staged == {"containers", "training", "pyproject.toml", "README.md", ".dockerignore"}
+        size = sum(p.stat().st_size for p in asset.rglob("*") if p.is_file())
+        assert size < 5_000_000, f"build context {size / 1e6:.1f} MB"
+        assert not list(asset.rglob("__pycache__"))
     # The policy-validation phase (cdk-nag, registered by app.py) ran; a failing plugin would
     # have failed synth and be listed here (test_infra_nag proves a finding fails synth).
     report = json.loads((out / "validation-report.json").read_text())

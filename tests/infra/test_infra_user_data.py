@@ -14,6 +14,7 @@ user data comes from) rather than synthesizing a stack per spec."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -30,6 +31,10 @@ import pytest
 from infra_support import SPOT_SPEC, BuiltApp, build
 
 from infra.instance_group import user_data_script
+from training.common import aws
+from training.common.outcome import CONTAINER_STOP_TIMEOUT_S, LAUNCHER_STOP_S, ROLE_STOP_GRACE_S
+from training.launcher import launch
+from training.launcher.loop_settings import LoopSettings
 from training.spec import parse_spec
 
 REGION = "eu-west-1"
@@ -195,8 +200,11 @@ class Boot:
         return [tuple(json.loads(line)) for line in self.log.read_text().splitlines()]  # type: ignore[misc]
 
 
-def _image(built: BuiltApp) -> str:
-    image = _resolve(built.stacks.cluster.resolve(built.stacks.cluster.image.image_uri), {})
+def _image(built: BuiltApp, group: str = "dataprep") -> str:
+    """The image ``group`` runs: the trainer's, or the CPU-only data-server image."""
+    images = built.stacks.cluster.image
+    uri = images.image_uri if group == "trainer" else images.data_server_image_uri
+    image = _resolve(built.stacks.cluster.resolve(uri), {})
     assert image.startswith(f"{REGISTRY}/cdk-hnb659fds-container-assets-{ACCOUNT}-{REGION}:")
     return image
 
@@ -217,6 +225,7 @@ def _expected_run(image: str, group: str, trainer: bool, boot: Boot) -> list[str
     env.append(f"HETERO_INSTANCE_ID={INSTANCE_ID}")  # as the boot read it from IMDS
     return [
         "run", "--detach", "--restart", "on-failure:5", "--name", "hetero",
+        "--stop-timeout", "130",  # the launcher's grace (90 s) + its own stop (40 s)
         "--network", "host", "--ipc", "host",
         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
         *(["--gpus", "all"] if trainer else []),
@@ -231,6 +240,8 @@ def _expected_run(image: str, group: str, trainer: bool, boot: Boot) -> list[str
         "--log-opt", f"awslogs-region={REGION}",
         "--log-opt", f"awslogs-group={LOG_GROUP}",
         "--log-opt", f"awslogs-stream={group}/{INSTANCE_ID}",
+        # a CloudWatch Logs throttle drops lines past a 16 MB buffer, never blocks a rank
+        "--log-opt", "mode=non-blocking", "--log-opt", "max-buffer-size=16m",
         image, "launch", "--spec", "/opt/hetero/deployed/cluster.toml", "--group", group,
     ]  # fmt: skip
 
@@ -242,7 +253,7 @@ def test_boot_installs_the_credential_helper_pulls_and_runs_the_launcher(
     boot = Boot(tmp_path, _script(spot, group))
     result = boot.run()
     assert result.returncode == 0, result.stderr
-    image = _image(spot)
+    image = _image(spot, group)
     run = _expected_run(image, group, trainer, boot)
     assert boot.calls() == [
         ("systemctl", ["enable", "--now", "docker"]),
@@ -308,7 +319,7 @@ def test_a_failed_docker_run_shuts_the_instance_down(
     boot = Boot(tmp_path, _script(spot, group))
     result = boot.run(docker=1, docker_run=1)  # the pull fails once (retried), then the run
     assert result.returncode != 0
-    image = _image(spot)
+    image = _image(spot, group)
     run = _expected_run(image, group, trainer, boot)
     assert boot.calls() == [
         ("systemctl", ["enable", "--now", "docker"]),
@@ -554,3 +565,30 @@ def test_instance_store_holds_the_cache_only_when_big_enough(
         for disk in skipped
     ]
     assert calls[-1] == ("docker", _expected_run(IMAGE, "dataprep", False, boot))
+
+
+@pytest.mark.parametrize("group", ["trainer", "dataprep"])
+def test_a_stop_outlasts_the_launchers_grace_and_logs_never_block(
+    spot: BuiltApp, tmp_path: Path, group: str
+) -> None:
+    """Docker sends SIGKILL ``--stop-timeout`` seconds after SIGTERM (10 s when unset:
+    https://docs.docker.com/reference/cli/docker/container/stop/); it must outlast the grace
+    the launcher gives its role to checkpoint (``hetero launch --grace``'s default) plus the
+    launcher's own last write, one AWS call at its client's bound. The awslogs driver must not
+    block a rank's write to stdout when CloudWatch Logs throttles."""
+    boot = Boot(tmp_path, _script(spot, group))
+    assert boot.run().returncode == 0
+    run = boot.calls()[-1][1]
+    assert run[0] == "run"
+    stop_timeout = int(run[run.index("--stop-timeout") + 1])
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    grace = parser.parse_args([]).grace
+    assert grace == ROLE_STOP_GRACE_S == LoopSettings().grace_s
+    assert stop_timeout == CONTAINER_STOP_TIMEOUT_S == grace + LAUNCHER_STOP_S
+    assert stop_timeout > grace
+    assert LAUNCHER_STOP_S >= aws.MAX_ATTEMPTS * (aws.CONNECT_TIMEOUT_S + aws.READ_TIMEOUT_S)
+    log_opts = [run[i + 1] for i, arg in enumerate(run) if arg == "--log-opt"]
+    assert "mode=non-blocking" in log_opts
+    (buffer,) = [o for o in log_opts if o.startswith("max-buffer-size=")]
+    assert buffer == "max-buffer-size=16m"  # bounded, 16x Docker's 1m default

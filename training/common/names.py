@@ -52,6 +52,10 @@ ENV_BUDGET_DEADLINE: Final = "HETERO_BUDGET_DEADLINE"
 """Epoch seconds at which the job's budget runs out: the launcher (``training.launcher.budget``)
 sets it, the trainer stops with a checkpoint then (its ``--max-seconds`` defaults to what is left
 of it)."""
+ENV_LOADER_WORKERS: Final = "HETERO_LOADER_WORKERS"
+"""At most this many data-loader worker processes per trainer rank (``training.data.loader``):
+the launcher sets it when the host's ``/dev/shm`` is too small for one worker per core
+(``training.launcher.host_checks``)."""
 ENV_SAMPLE_LOG_DIR: Final = "HETERO_SAMPLE_LOG_DIR"
 """When set, each trainer rank appends the sample ids of every applied step to
 ``<dir>/rank-<RANK>.jsonl`` (``training.trainer.sample_log``; the rehearsal reads them)."""
@@ -62,6 +66,9 @@ LAST_EVAL_FILE: Final = "last_eval.json"
 record, where ``hetero status`` finds it."""
 SAGEMAKER_RESOURCECONFIG: Final = "/opt/ml/input/config/resourceconfig.json"
 """SageMaker's description of a training job's hosts and instance groups, on every host."""
+SAGEMAKER_FAILURE_FILE: Final = "/opt/ml/output/failure"
+"""Where a failing SageMaker training container writes why: SageMaker returns it as the job's
+``FailureReason`` (https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-output.html)."""
 
 DEPLOYED_SPEC_PATH: Final = "/opt/hetero/deployed/cluster.toml"
 """Where the stack mounts the spec it was deployed with (``HETERO_SPEC`` points here on EC2)."""

@@ -31,6 +31,20 @@ EXIT_CONFIG = 2
 EXIT_STOPPED = 75
 """``EX_TEMPFAIL`` from sysexits.h: a temporary failure, the caller is invited to retry."""
 
+ROLE_STOP_GRACE_S = 90
+"""After SIGTERM, how long a role's processes (the trainer, the data servers) get to checkpoint
+and exit before the launcher kills them (``hetero launch --grace``)."""
+LAUNCHER_STOP_S = 40
+"""What the launcher itself needs once its role has stopped: its last job-record write, one AWS
+call, which the project's client bounds at 3 attempts x (3 s to connect + 10 s to read) = 39 s
+(``training.common.aws``; a test keeps the two in step)."""
+CONTAINER_STOP_TIMEOUT_S = ROLE_STOP_GRACE_S + LAUNCHER_STOP_S
+"""``docker run --stop-timeout`` of the launcher's container: Docker sends SIGKILL this long
+after SIGTERM, so it must outlast the role's grace and the launcher's own stop. Without it the
+daemon's default applies, 10 s on Linux
+(https://docs.docker.com/reference/cli/docker/container/stop/), and a stop with no earlier notice
+(``docker stop``, a shutdown at the end of a termination hook) would cut a checkpoint short."""
+
 
 class Outcome(StrEnum):
     FINISHED = "finished"

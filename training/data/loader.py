@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from training.common.names import ENV_LOADER_WORKERS
 from training.data.augment import load_image
 from training.data.batch import Batch
 from training.data.datasets import ImageSource
@@ -62,6 +64,15 @@ def collate_batch(items: list[_Item]) -> Batch:
     )
 
 
+def default_workers(environ: Mapping[str, str] | None = None) -> int:
+    """One worker per available core, at most ``HETERO_LOADER_WORKERS`` when it is set: the
+    launcher sets it where ``/dev/shm`` cannot hold the batches of that many workers (each
+    worker hands its batches to the rank through shared memory)."""
+    cores = len(os.sched_getaffinity(0))
+    cap = (os.environ if environ is None else environ).get(ENV_LOADER_WORKERS, "").strip()
+    return min(cores, int(cap)) if cap else cores
+
+
 def local_loader(
     job: JobSpec,
     rank: int = 0,
@@ -74,14 +85,15 @@ def local_loader(
     """A DataLoader yielding ``Batch`` of ``job.batch_size`` for ``rank``'s share of the epoch:
     positions ``rank, rank + world_size, ...`` of the same (seed, epoch) order the data servers
     use, over the training split (``build_split(job.dataset, "train")``: never a validation
-    image) unless ``source`` is given. ``num_workers`` defaults to the cores available."""
+    image) unless ``source`` is given. ``num_workers`` defaults to the cores available, at most
+    ``HETERO_LOADER_WORKERS`` (``default_workers``)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     source = source if source is not None else build_split(job.dataset, "train")
     transform = build_transform(job.augmentation, job.dataset.image_size)
     order = order_for(source, job.seed, epoch)
     shard = order[rank::world_size].tolist()
-    workers = num_workers if num_workers is not None else len(os.sched_getaffinity(0))
+    workers = num_workers if num_workers is not None else default_workers()
     return DataLoader(
         AugmentedImages(source, transform),
         batch_size=job.batch_size,

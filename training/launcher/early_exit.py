@@ -18,6 +18,11 @@ sit InService with no launcher, billing. Instead the launcher
    for its own termination (``job_end.complete_own_termination``), so the instance does not wait
    out the hook's heartbeat.
 
+A failure every replacement would meet the same way (``replaceable=False``: the host checks of
+``host_checks``, e.g. an NVIDIA driver older than the image's CUDA wheels need, which comes
+with the launch template's AMI) ends the job ``failed`` at once, with that failure as its
+reason, instead of spending the budget on instances that cannot work.
+
 Only where the stack deployed the launcher (``HETERO_ASG_NAMES`` is set): local runs and
 SageMaker never touch Auto Scaling. Without its instance id (IMDS unreachable) the launcher cannot
 name its instance: it logs that and exits as before.
@@ -85,6 +90,7 @@ def leave_service(
     autoscaling: Any | None,
     asg_names: Sequence[str],
     budget: int = REPLACEMENT_BUDGET,
+    replaceable: bool = True,
     hook: str | None = None,
     target_state: Callable[[], str | None] = lambda: None,
     lifecycle_wait_s: float = 120.0,
@@ -94,9 +100,11 @@ def leave_service(
 ) -> int:
     """This launcher could not start its job loop (``why``; it would exit ``code``): count the
     instance, then end the job ``failed`` past the budget, else have the group replace the
-    instance. Returns the exit code: ``EXIT_FAILED`` when it ended the job, else ``code``."""
+    instance; with ``replaceable=False`` end the job ``failed`` with ``why`` at once (a
+    replacement would fail the same way). Returns the exit code: ``EXIT_FAILED`` when it ended
+    the job, else ``code``."""
     log.error("the launcher cannot start its job loop: %s", why)
-    if not instance_id:
+    if not instance_id and replaceable:
         log.error(
             "without this instance's id (IMDS) it cannot take the instance out of service; "
             "Docker restarts the launcher (--restart on-failure)"
@@ -105,18 +113,21 @@ def leave_service(
     if autoscaling is None:
         autoscaling = client("autoscaling")
     replaced: dict[str, dict[str, Any]] | None = None
-    if record is not None:
+    if record is not None and replaceable and instance_id:
         try:
             record.mark_replaced(instance_id, group=group, reason=why)
             replaced = record.replaced()
         except Exception as e:  # Still take the instance out of service below.
             log.error("could not count this replacement in %s: %s", record.location, e)
     ended = False
-    reason = (
-        past_budget(replaced, budget, last=instance_id, group=group, why=why)
-        if replaced is not None
-        else None
-    )
+    if not replaceable:
+        reason: str | None = (
+            f"{why} (instance {instance_id or 'unknown'}, {group or 'group unknown'})"
+        )
+    elif replaced is not None and instance_id:
+        reason = past_budget(replaced, budget, last=instance_id, group=group, why=why)
+    else:
+        reason = None
     if reason is not None:
         log.error("%s: ending the job as failed", reason)
         try:
@@ -124,7 +135,7 @@ def leave_service(
                 record,
                 Outcome.FAILED,
                 reason=reason,
-                by=instance_id,
+                by=instance_id or f"an instance of {group or 'an unknown group'}",
                 autoscaling=autoscaling,
                 asg_names=asg_names,
             )
@@ -136,9 +147,9 @@ def leave_service(
             log.info(
                 "replacement %d of %d for this job (job record replaced/)", len(replaced), budget
             )
-        if not set_unhealthy(autoscaling, instance_id):
+        if not instance_id or not set_unhealthy(autoscaling, instance_id):
             return code
-    if hook:
+    if hook and instance_id:
         job_end.complete_own_termination(
             autoscaling,
             instance_id,

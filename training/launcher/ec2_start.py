@@ -26,10 +26,11 @@ from training.common.names import (
     ENV_REGION,
     TAG_CLUSTER,
 )
-from training.common.outcome import EXIT_CONFIG, EXIT_STOPPED
+from training.common.outcome import EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED
 from training.launcher import early_exit, job_end, peers
 from training.launcher.ec2_job import EXIT_NEW_JOB, Ec2Job
 from training.launcher.group import GroupIdentity
+from training.launcher.host_checks import HostCheck
 from training.launcher.imds import ImdsClient, ImdsError
 from training.launcher.loop_settings import default_settings
 from training.launcher.membership import MembershipTimeout, wait_for_membership
@@ -81,10 +82,15 @@ def cannot_start(
     args: argparse.Namespace,
     imds: ImdsClient,
     identity: GroupIdentity | None,
+    *,
+    replaceable: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
     """The launcher cannot start its job loop. Deployed by the stack on EC2
     (``HETERO_ASG_NAMES``), the instance leaves service (``early_exit.leave_service``: replaced
-    within the job's budget, else the job ends failed); anywhere else, exit with ``code``."""
+    within the job's budget, else the job ends failed; a failure that is not ``replaceable``
+    ends the job failed at once); anywhere else, exit with ``code``. ``environ``: the
+    launcher's variables once the job pointer gave its checkpoint URI (default: the process's)."""
     if args.dry_run or not early_exit.deployed(os.environ):
         return code
 
@@ -104,7 +110,7 @@ def cannot_start(
     region = (identity.region if identity else None) or os.environ.get(ENV_REGION) or None
     # The job record as far as this host knows it: the job pointer's folder is not known when
     # the pointer could not be read, so then it is the stack's HETERO_CHECKPOINT_URI.
-    location = record_location(os.environ, spec)
+    location = record_location(os.environ if environ is None else environ, spec)
     group = identity.group if identity else os.environ.get(ENV_GROUP) or args.group
     hook = os.environ.get(ENV_LIFECYCLE_HOOK, "").strip() or None
     try:
@@ -121,6 +127,7 @@ def cannot_start(
         autoscaling=autoscaling,
         asg_names=job_end.asg_names_from_env(os.environ),
         budget=args.replacement_budget,
+        replaceable=replaceable,
         hook=hook,
         target_state=lambda: imds_get(TARGET_LIFECYCLE_PATH),
         poll_s=args.spot_poll,
@@ -148,7 +155,11 @@ def run_ec2(
     identity: GroupIdentity,
     imds: ImdsClient,
     efa_env: Mapping[str, str],
+    host: HostCheck | None = None,
 ) -> int:
+    """The EC2 launcher. ``host``: what ``host_checks`` found on this host; a problem there ends
+    the job failed, once the job pointer has shown that this host holds the job's spec (a host
+    left from an earlier deploy, with an older AMI perhaps, is replaced instead)."""
     try:
         identity = _ec2_identity(identity, imds)
     except ImdsError as e:
@@ -178,6 +189,12 @@ def run_ec2(
             return _replace_this_instance(stale, region, str(identity.instance_id), args.dry_run)
         environ[ENV_CHECKPOINT_URI] = pointer.checkpoint_uri
         job_watch = jobparam.JobWatch(ssm, parameter, pointer)
+    if host is not None and host.problem is not None:
+        return cannot_start(
+            host.problem, EXIT_FAILED, spec, args, imds, identity,
+            replaceable=False, environ=environ,
+        )  # fmt: skip
+    efa_env = {**efa_env, **(host.env if host is not None else {})}  # the trainer's variables
     location = record_location(environ, spec)
     record = JobRecord(location) if location else None
     run_dir = Path(args.run_dir or default_run_dir(spec, Backend.EC2))

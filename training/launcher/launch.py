@@ -18,9 +18,21 @@ import logging
 import os
 from pathlib import Path
 
-from training.common.names import ENV_JOB_PARAMETER, ENV_SPEC, SAGEMAKER_RESOURCECONFIG
-from training.common.outcome import EXIT_CONFIG, Outcome
-from training.launcher import backstop, early_exit, peers
+from training.common.files import write_atomically
+from training.common.names import (
+    ENV_JOB_PARAMETER,
+    ENV_SPEC,
+    SAGEMAKER_FAILURE_FILE,
+    SAGEMAKER_RESOURCECONFIG,
+)
+from training.common.outcome import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    LAUNCHER_STOP_S,
+    ROLE_STOP_GRACE_S,
+    Outcome,
+)
+from training.launcher import backstop, early_exit, host_checks, peers
 from training.launcher.ec2_start import cannot_start, run_ec2
 from training.launcher.group import (
     GroupDetectionError,
@@ -94,8 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace",
         type=float,
-        default=90.0,
-        help="seconds the role gets to checkpoint and exit after SIGTERM before it is killed",
+        default=float(ROLE_STOP_GRACE_S),
+        help="seconds the role gets to checkpoint and exit after SIGTERM before it is killed "
+        "(the stack's docker run --stop-timeout leaves the launcher this plus "
+        f"{LAUNCHER_STOP_S} s of its own: training.common.outcome)",
     )
     parser.add_argument(
         "--restart-budget",
@@ -154,6 +168,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the role runs (a new job stops it)",
     )
     parser.add_argument(
+        "--driver-version-file",
+        default=str(host_checks.DRIVER_VERSION_FILE),
+        help="EC2 and SageMaker trainers: the NVIDIA driver's version file, checked against the "
+        "image's CUDA wheels before the role starts",
+    )
+    parser.add_argument(
+        "--shm-dir",
+        default=str(host_checks.SHM_DIR),
+        help="the shared-memory file system whose size caps the trainer's data-loader workers",
+    )
+    parser.add_argument(
+        "--failure-file",
+        default=SAGEMAKER_FAILURE_FILE,
+        help="SageMaker: where a host that cannot run its role writes why (the job's "
+        "FailureReason)",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print the plan (group, peers, commands) and exit"
     )
 
@@ -179,6 +210,19 @@ def choose_backend(
     return Backend.LOCAL
 
 
+def host_unfit(why: str, backend: Backend, args: argparse.Namespace) -> int:
+    """This host cannot run its role for a reason every host of the group shares (the image:
+    ``host_checks``): the job fails with ``why``, which on SageMaker goes into the failure file
+    (the job's ``FailureReason``; SageMaker does not restart a failed container). On EC2
+    ``ec2_start.run_ec2`` ends the job instead. Returns the exit code."""
+    if backend is Backend.SAGEMAKER and not args.dry_run:
+        try:
+            write_atomically(Path(args.failure_file), why + "\n")
+        except OSError as e:
+            log.error("could not write the failure reason to %s: %s", args.failure_file, e)
+    return EXIT_FAILED
+
+
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     imds = ImdsClient(args.imds_url, timeout_s=args.imds_timeout)
@@ -201,8 +245,19 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         why = 'efa = "on" and this host cannot give NCCL EFA'
         return cannot_start(why, EXIT_CONFIG, spec, args, imds, identity)
-    if backend is Backend.EC2:
-        return run_ec2(spec, args, identity, imds, efa_env)
+    checked = host_checks.check_host(
+        spec,
+        identity.group,
+        backend,
+        environ=os.environ,
+        driver_file=Path(args.driver_version_file),
+        shm_dir=Path(args.shm_dir),
+    )
+    if backend is Backend.EC2:  # it acts on a problem once it knows the job (ec2_start)
+        return run_ec2(spec, args, identity, imds, efa_env, checked)
+    if checked.problem is not None:
+        return host_unfit(checked.problem, backend, args)
+    efa_env = {**efa_env, **checked.env}  # the trainer's variables
     network_interface: str | None = None
     try:
         if backend is Backend.SAGEMAKER:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from training.common.outcome import ROLE_STOP_GRACE_S
 from training.launcher.backstop import MIN_LEAD_S
 from training.launcher.early_exit import REPLACEMENT_BUDGET
 from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
@@ -22,7 +23,8 @@ class LoopSettings:
     poll_s: float = 5.0
     """Between membership and job-record checks."""
     spot_poll_s: float = 5.0
-    grace_s: float = 90.0
+    grace_s: float = float(ROLE_STOP_GRACE_S)
+    """After SIGTERM, how long the role gets to checkpoint and exit before it is killed."""
     imds_url: str = ""
     imds_timeout_s: float = 1.0
     heartbeat_s: float = 30.0

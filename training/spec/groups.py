@@ -61,6 +61,16 @@ def _parse_group(r: _Reader, t: Mapping[str, Any]) -> InstanceGroup | None:
                 f"instance_types[{i}]",
                 f"{it!r} has no GPU; trainer groups need GPU types (e.g. g5.xlarge, p4d.24xlarge)",
             )
+        elif role is Role.TRAINER and (unsupported := entry.image_problem()) is not None:
+            # A GPU the image's CUDA wheels have no kernels for fails at its first CUDA call,
+            # after the boot has been paid for (instance_types.MIN_COMPUTE_CAPABILITY).
+            r.problem(
+                f"instance_types[{i}]",
+                f"{unsupported}; choose a type whose GPU the image supports (g4dn, g5, g6, g6e, "
+                "p4d, p4de or p5), or build the image with CUDA 12.x wheels (PyTorch's CUDA "
+                "12.8 and 12.9 builds still carry 7.0 kernels) and set "
+                "training/instance_types.py IMAGE_CUDA_MAJOR to match",
+            )
     if "count" not in t:
         r.problem("count", "missing; how many instances the group has (1 or more)")
     count = r.positive(t, "count", 1)
