@@ -56,6 +56,7 @@ def test_unknown_instance_type_names_close_matches() -> None:
     ("text", "message"),
     [
         ("4 x c6i.4xlarge spot", "c6i.4xlarge has no GPU"),
+        ("1 x p3.2xlarge spot", "p3.2xlarge has V100 GPUs .* give a GPU type the image runs"),
         ("1 x g5.xlarge + 1 x g5.xlarge", "g5.xlarge is not a dataprep type"),
         ("four g5.xlarge", "expected 'N x TYPE [spot|on-demand]'"),
         ("0 x g5.xlarge", "instance counts must be at least 1"),

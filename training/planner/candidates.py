@@ -65,6 +65,9 @@ def _known_type(
         )
     if role == "trainer" and entry.gpus == 0:
         raise PlanError(f"{where}: {name} has no GPU; the first group trains, give a GPU type")
+    unsupported = entry.image_problem() if role == "trainer" else None
+    if unsupported:  # spec check would refuse the spec the plan writes
+        raise PlanError(f"{where}: {unsupported}; give a GPU type the image runs on")
     if role == "dataprep" and (entry.gpus or entry.burstable):
         raise PlanError(
             f"{where}: {name} is not a dataprep type; after '+' give a CPU type such as c6i.4xlarge"
