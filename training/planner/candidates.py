@@ -65,8 +65,11 @@ def _known_type(
         )
     if role == "trainer" and entry.gpus == 0:
         raise PlanError(f"{where}: {name} has no GPU; the first group trains, give a GPU type")
-    unsupported = entry.image_problem() if role == "trainer" else None
-    if unsupported:  # spec check would refuse the spec the plan writes
+    # A GPU the image's wheels have no kernels for (spec check would refuse the plan's spec);
+    # a type whose capability the catalogue does not know (the tests' own) is not refused here.
+    known = role == "trainer" and entry.compute_capability is not None
+    unsupported = entry.image_problem() if known else None
+    if unsupported:
         raise PlanError(f"{where}: {unsupported}; give a GPU type the image runs on")
     if role == "dataprep" and (entry.gpus or entry.burstable):
         raise PlanError(
