@@ -538,6 +538,96 @@ def test_ema_needs_ddp() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("job", "problem"),
+    [
+        (
+            {"lr": 1e-3, "lr_base": 1e-3},
+            "job.lr_base: set either lr (the peak learning rate) or lr_base (the rate at a global "
+            "batch of lr_base_size, scaled to the job's), not both",
+        ),
+        ({"lr_base": 0.0}, "job.lr_base: must be positive, got 0.0"),
+        (
+            {"lr_base_size": 512},
+            "job.lr_base_size: only applies with lr_base; set lr_base or remove it",
+        ),
+        (
+            {"lr_base_scale": "sqrt"},
+            "job.lr_base_scale: only applies with lr_base; set lr_base or remove it",
+        ),
+        (
+            {"lr_base": 1e-3, "lr_base_scale": "log"},
+            "job.lr_base_scale: 'log' is not valid; use one of 'linear', 'sqrt'",
+        ),
+        ({"lr_base": 1e-3, "lr_base_size": 0}, "job.lr_base_size: must be at least 1, got 0"),
+        (
+            # 2 ranks x 8 = 16 samples: sqrt(16 / 256) x 1e-3 = 2.5e-4, under min_lr.
+            {"lr_base": 1e-3, "min_lr": 5e-4},
+            "job.min_lr: must be at most the peak learning rate, 0.00025 (lr_base 0.001 scaled to "
+            "the global batch of 16), got 0.0005; lower min_lr or raise lr_base",
+        ),
+        (
+            {"layer_decay": 0.0},
+            "job.layer_decay: must be in (0, 1] (e.g. 0.75; 1: every layer at the full rate), got "
+            "0",
+        ),
+        (
+            {"layer_decay": 1.5},
+            "job.layer_decay: must be in (0, 1] (e.g. 0.75; 1: every layer at the full rate), got "
+            "1.5",
+        ),
+        ({"max_nonfinite_steps": 0}, "job.max_nonfinite_steps: must be at least 1, got 0"),
+        ({"model": {"drop_path_rate": 1.0}}, "job.model.drop_path_rate: must be in [0, 1), got 1"),
+        ({"model": {"drop_rate": -0.1}}, "job.model.drop_rate: must be in [0, 1), got -0.1"),
+        (
+            {"model": {"drop_path_rate": 0.1, "overrides": {"drop_path_rate": 0.2}}},
+            "job.model.drop_path_rate: also set as job.model.overrides.drop_path_rate; set it "
+            "once: keep job.model.drop_path_rate and remove the override",
+        ),
+        (
+            {"ema": {"decay": 0.999, "warmup_power": 0.75}},
+            "job.ema.warmup_power: only applies with warmup = true; set warmup = true or remove it",
+        ),
+        (
+            {"ema": {"decay": 0.999, "warmup": True, "warmup_power": 1.5}},
+            "job.ema.warmup_power: must be in (0, 1] (timm: 2/3 for long runs, 3/4 for shorter "
+            "ones), got 1.5",
+        ),
+        (
+            {"ema": {"decay": 0.999, "warmup": True, "warmup_gamma": 0}},
+            "job.ema.warmup_gamma: must be positive (timm: 1), got 0",
+        ),
+        ({"ema": {"decay": 0.999, "warmup": 1}}, "job.ema.warmup: expected bool, got int 1"),
+    ],
+)
+def test_every_fine_tuning_value_is_refused_with_its_fix(job: dict[str, Any], problem: str) -> None:
+    assert problems(job_with(**job)) == [problem]
+
+
+def test_a_fine_tuning_recipe_parses_into_its_fields() -> None:
+    job = parse_spec(
+        job_with(
+            lr_base=5e-4,
+            lr_base_size=1024,
+            lr_base_scale="linear",
+            layer_decay=0.65,
+            max_nonfinite_steps=5,
+            model={"drop_path_rate": 0.1, "drop_rate": 0.0},
+            ema={"decay": 0.9998, "warmup": True, "warmup_power": 0.75},
+        )
+    ).job
+    assert (job.lr_base, job.lr_base_size, job.lr_base_scale) == (5e-4, 1024, "linear")
+    # GOOD: 2 trainer ranks x batch 8 = 16 samples per step, linear: 5e-4 x 16 / 1024.
+    assert job.peak_lr(2) == 5e-4 * 16 / 1024 and job.global_batch(2) == 16
+    assert (job.layer_decay, job.max_nonfinite_steps) == (0.65, 5)
+    assert (job.model.drop_path_rate, job.model.drop_rate) == (0.1, 0.0)
+    assert (job.ema.warmup, job.ema.warmup_power, job.ema.warmup_gamma) == (True, 0.75, 1.0)
+    plain = parse_spec(GOOD).job
+    assert (plain.lr_base, plain.layer_decay, plain.max_nonfinite_steps) == (None, None, 3)
+    assert (plain.model.drop_path_rate, plain.ema.warmup) == (None, False)
+    assert plain.peak_lr(2) == plain.lr == 1e-3
+
+
 def test_a_full_recipe_parses_into_its_fields() -> None:
     job = parse_spec(
         job_with(

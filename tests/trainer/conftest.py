@@ -52,9 +52,11 @@ def write_spec(
     async_save: bool = False,
     job_keys: str = "",
     tables: str = "",
+    model_keys: str = "",
 ) -> Path:
     """A spec for the tiny CPU ViT on in-memory synthetic data; ``job_keys`` go under
-    ``[job]``, ``tables`` (e.g. ``[job.mixup]``) at the end."""
+    ``[job]``, ``model_keys`` under ``[job.model]``, ``tables`` (e.g. ``[job.mixup]``) at the
+    end."""
     text = f"""{GROUPS.format(count=instances, ranks=ranks_per_instance)}
 [job]
 batch_size = {batch_size}
@@ -66,6 +68,7 @@ log_every_steps = 1
 {job_keys}
 [job.model]
 name = "vit-cpu-tiny"
+{model_keys}
 [job.dataset]
 num_samples = 512
 num_classes = 10

@@ -36,13 +36,16 @@ clip_grad_norm = 0.5
 warmup_steps = 2
 min_lr = 1e-5
 schedule = "cosine"
+layer_decay = 0.75
 """
+RECIPE_MODEL_KEYS = "drop_path_rate = 0.1"
 RECIPE_TABLES = """
 [job.mixup]
 mixup_alpha = 0.8
 cutmix_alpha = 1.0
 [job.ema]
 decay = 0.9
+warmup = true
 [job.augmentation]
 preset = "standard"
 re_prob = 0.5
@@ -159,7 +162,11 @@ def test_clipping_caps_the_total_norm() -> None:
     assert before is not None and before > 1.0
     after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
     assert after == pytest.approx(1.0, rel=1e-5)
-    assert clip_gradients(model, 0.0) is None
+    # Off (0): the norm is still measured, and the gradients are left exactly as they are.
+    grads = [p.grad.clone() for p in model.parameters()]
+    norm = clip_gradients(model, 0.0)
+    assert norm == pytest.approx(float(after), rel=1e-6)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
 
 
 def test_ema_follows_timms_model_ema_v3() -> None:
@@ -205,16 +212,18 @@ def prepared_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_resume_with_mixup_ema_and_cosine_equals_an_uninterrupted_run(
     tmp_path: Path, data: str, request: pytest.FixtureRequest
 ) -> None:
-    """Two gloo ranks, 6 steps, every recipe feature on; cut after step 3 and resumed: the
-    losses, weights and EMA weights are bit for bit those of the uninterrupted run. On
-    in-memory synthetic batches, and on real images read from a prepared dataset's shards in
-    their shard-aware order (the local input: each rank's loader, no data server)."""
+    """Two gloo ranks, 6 steps, every recipe feature on (layer decay, stochastic depth and the
+    EMA's warm-up included); cut after step 3 and resumed: the losses, weights and EMA weights
+    are bit for bit those of the uninterrupted run. On in-memory synthetic batches, and on real
+    images read from a prepared dataset's shards in their shard-aware order (the local input:
+    each rank's loader, no data server)."""
 
     def run(where: Path, *steps: str) -> Path:
         where.mkdir(parents=True, exist_ok=True)
         spec = write_spec(
-            where, batch_size=4, steps=6, interval=3, job_keys=RECIPE_KEYS, tables=RECIPE_TABLES
-        )
+            where, batch_size=4, steps=6, interval=3, job_keys=RECIPE_KEYS, tables=RECIPE_TABLES,
+            model_keys=RECIPE_MODEL_KEYS,
+        )  # fmt: skip
         argv = ["--spec", str(spec), "--run-dir", str(where / "run"), "--synthetic-data"]
         if data == "shards":
             shards = request.getfixturevalue("prepared_digits")

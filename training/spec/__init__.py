@@ -13,6 +13,7 @@ from training.spec.enums import (
     Efa,
     GradCompression,
     Interpolation,
+    LrScale,
     Market,
     MixupMode,
     Optimizer,

@@ -100,6 +100,15 @@ class Optimizer(StrEnum):
     SGD = "sgd"
 
 
+class LrScale(StrEnum):
+    """How ``job.lr_base`` scales to the global batch (timm's ``train.py --lr-base-scale``)."""
+
+    LINEAR = "linear"
+    """``lr = lr_base * global_batch / lr_base_size``."""
+    SQRT = "sqrt"
+    """``lr = lr_base * sqrt(global_batch / lr_base_size)``."""
+
+
 class Schedule(StrEnum):
     """Learning-rate schedule after the linear warmup, from ``timm.scheduler``."""
 

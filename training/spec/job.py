@@ -12,6 +12,7 @@ from training.spec.enums import (
     DatasetSource,
     GradCompression,
     Interpolation,
+    LrScale,
     MixupMode,
     Optimizer,
     Parallelism,
@@ -77,10 +78,23 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
     lr = r.get(t, "lr", float, d.lr)
     if lr <= 0:
         r.problem("lr", f"must be positive, got {lr}")
+    lr_base, lr_base_size, lr_base_scale = _parse_lr_base(r, t, d)
     min_lr = r.get(t, "min_lr", float, d.min_lr)
-    if not 0 <= min_lr <= lr:
+    if lr_base is not None:
+        # The peak depends on the trainer ranks: parse_spec compares min_lr with it.
+        if min_lr < 0:
+            r.problem("min_lr", f"must be >= 0, got {min_lr:g}")
+            min_lr = 0.0
+    elif not 0 <= min_lr <= lr:
         r.problem("min_lr", f"must be in [0, lr = {lr:g}], got {min_lr:g}")
         min_lr = 0.0
+    layer_decay = r.get(t, "layer_decay", float, None)
+    if layer_decay is not None and not 0 < layer_decay <= 1:
+        r.problem(
+            "layer_decay",
+            f"must be in (0, 1] (e.g. 0.75; 1: every layer at the full rate), got {layer_decay:g}",
+        )
+        layer_decay = None
     weight_decay = r.get(t, "weight_decay", float, d.weight_decay)
     if weight_decay < 0:
         r.problem("weight_decay", f"must be >= 0, got {weight_decay:g}")
@@ -101,6 +115,10 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
         steps=steps or None,
         epochs=epochs or None,
         lr=lr,
+        lr_base=lr_base,
+        lr_base_size=lr_base_size,
+        lr_base_scale=lr_base_scale,
+        layer_decay=layer_decay,
         weight_decay=weight_decay,
         warmup_steps=r.positive(t, "warmup_steps", d.warmup_steps, minimum=0),
         optimizer=r.choice(t, "optimizer", Optimizer, d.optimizer),
@@ -108,6 +126,7 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
         schedule=r.choice(t, "schedule", Schedule, d.schedule),
         min_lr=min_lr,
         clip_grad_norm=clip,
+        max_nonfinite_steps=r.positive(t, "max_nonfinite_steps", d.max_nonfinite_steps),
         label_smoothing=_fraction(r, t, "label_smoothing", d.label_smoothing, high=0.5),
         mixup=mixup,
         ema=ema,
@@ -126,6 +145,29 @@ def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
         max_hours=_cap(r, t, "max_hours", "hours"),
         max_usd=_cap(r, t, "max_usd", "USD"),
     )
+
+
+def _parse_lr_base(
+    r: _Reader, t: Mapping[str, Any], d: JobSpec
+) -> tuple[float | None, int, LrScale | None]:
+    """``lr_base``, ``lr_base_size`` and ``lr_base_scale`` (timm's ``train.py --lr-base``)."""
+    lr_base = r.get(t, "lr_base", float, None)
+    if lr_base is not None and "lr" in t:
+        r.problem(
+            "lr_base",
+            "set either lr (the peak learning rate) or lr_base (the rate at a global batch of "
+            "lr_base_size, scaled to the job's), not both",
+        )
+    if lr_base is not None and not 0 < lr_base < float("inf"):
+        r.problem("lr_base", f"must be positive, got {lr_base}")
+        lr_base = None
+    size = r.positive(t, "lr_base_size", d.lr_base_size)
+    scale = r.choice(t, "lr_base_scale", LrScale, d.lr_base_scale)
+    if lr_base is None and "lr_base" not in t:
+        for key in ("lr_base_size", "lr_base_scale"):
+            if key in t:
+                r.problem(key, "only applies with lr_base; set lr_base or remove it")
+    return lr_base, size, scale
 
 
 def _parse_model(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> ModelSpec:
@@ -150,6 +192,19 @@ def _parse_model(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> ModelSpec:
         init_ema = r.get(model_t, "init_ema", bool, d.model.init_ema)
         if "init_ema" in model_t and init is None:
             r.problem("init_ema", "only applies with init (a train.py checkpoint); remove it")
+        rates: dict[str, float | None] = {}
+        for key in ("drop_rate", "drop_path_rate"):
+            rates[key] = r.get(model_t, key, float, None)
+            if key in overrides and key in model_t:
+                r.problem(
+                    key,
+                    f"also set as job.model.overrides.{key}; set it once: keep "
+                    f"job.model.{key} and remove the override",
+                )
+            value = rates[key]
+            if value is not None and not 0 <= value < 1:
+                r.problem(key, f"must be in [0, 1), got {value:g}")
+                rates[key] = None
         return ModelSpec(
             name=r.get(model_t, "name", str, d.model.name),
             overrides=overrides,
@@ -157,6 +212,8 @@ def _parse_model(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> ModelSpec:
             init_ema=init_ema,
             mean=_channels(r, model_t, "mean", low=0.0, low_open=False),
             std=_channels(r, model_t, "std", low=0.0, low_open=True),
+            drop_rate=rates["drop_rate"],
+            drop_path_rate=rates["drop_path_rate"],
         )
 
 
@@ -274,7 +331,27 @@ def _parse_ema(r: _Reader, t: Mapping[str, Any]) -> EmaSpec:
         r.check_keys(ema_t, EmaSpec)
         if ema_t and "decay" not in ema_t:
             r.problem("decay", "missing; e.g. decay = 0.999 (0 or no [job.ema]: no EMA)")
-        return EmaSpec(decay=_fraction(r, ema_t, "decay", 0.0, high=0.999999))
+        d = EmaSpec()
+        warmup = r.get(ema_t, "warmup", bool, d.warmup)
+        shape: dict[str, float] = {}
+        for key in ("warmup_power", "warmup_gamma"):
+            if key in ema_t and not warmup:
+                r.problem(key, "only applies with warmup = true; set warmup = true or remove it")
+            shape[key] = r.get(ema_t, key, float, getattr(d, key))
+        if not 0 < shape["warmup_power"] <= 1:
+            r.problem(
+                "warmup_power",
+                f"must be in (0, 1] (timm: 2/3 for long runs, 3/4 for shorter ones), got "
+                f"{shape['warmup_power']:g}",
+            )
+        if not 0 < shape["warmup_gamma"] < float("inf"):
+            r.problem("warmup_gamma", f"must be positive (timm: 1), got {shape['warmup_gamma']:g}")
+        return EmaSpec(
+            decay=_fraction(r, ema_t, "decay", 0.0, high=0.999999),
+            warmup=warmup,
+            warmup_power=shape["warmup_power"],
+            warmup_gamma=shape["warmup_gamma"],
+        )
 
 
 def _parse_eval(r: _Reader, t: Mapping[str, Any], d: JobSpec, dataset: DatasetSpec) -> EvalSpec:

@@ -76,6 +76,16 @@ def parse_spec(data: Mapping[str, Any], source: str = "cluster spec") -> Cluster
                     f"({tg.count} instances x {tg.ranks_per_instance}); make the product {world}",
                 )
 
+    if len(trainers) == 1 and job.lr_base is not None:
+        world = trainers[0].count * trainers[0].ranks_per_instance
+        peak = job.peak_lr(world)
+        if job.min_lr > peak:
+            r.problem(
+                "job.min_lr",
+                f"must be at most the peak learning rate, {peak:g} (lr_base {job.lr_base:g} "
+                f"scaled to the global batch of {job.global_batch(world)}), got "
+                f"{job.min_lr:g}; lower min_lr or raise lr_base",
+            )
     if job.ema.enabled and job.parallelism.strategy is not Parallelism.DDP:
         r.problem(
             "job.ema",

@@ -13,6 +13,7 @@ from training.spec.enums import (
     Efa,
     GradCompression,
     Interpolation,
+    LrScale,
     Market,
     MixupMode,
     Optimizer,
@@ -132,6 +133,12 @@ class ModelSpec:
     config with ``init``, else ImageNet's)."""
     std: tuple[float, float, float] | None = None
     """Per-channel std, likewise (default: the weights' with ``init``, else ImageNet's)."""
+    drop_rate: float | None = None
+    """Dropout before the classifier (``timm.create_model(drop_rate=...)``); None: the
+    model's default (0 for ViTs)."""
+    drop_path_rate: float | None = None
+    """Stochastic depth (``timm.create_model(drop_path_rate=...)``; a ViT's blocks drop from 0
+    rising linearly to this rate at the last block); None: the model's default (0)."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +261,16 @@ class EmaSpec:
 
     decay: float = 0.0
     """0: off; e.g. 0.999 for a few thousand steps, 0.9999 for long runs."""
+    warmup: bool = False
+    """Warm the decay up (``ModelEmaV3(use_warmup=True)``, timm's ``train.py
+    --model-ema-warmup``): at optimizer step ``s`` the decay is ``1 - (1 + (s - 1) /
+    warmup_gamma) ** -warmup_power``, capped at ``decay``, so the average follows the weights
+    closely early on instead of holding on to the starting weights."""
+    warmup_power: float = 2 / 3
+    """The warm-up's power (timm's default 2/3: decay 0.999 at about 31,600 steps; 3/4: at
+    about 10,000)."""
+    warmup_gamma: float = 1.0
+    """The warm-up's inverse gamma (timm's default 1)."""
 
     @property
     def enabled(self) -> bool:
@@ -365,7 +382,20 @@ class JobSpec:
     """Optimizer steps to run (default 1000 when ``epochs`` is not set either)."""
     epochs: int | None = None
     lr: float = 1e-3
-    """Peak learning rate."""
+    """Peak learning rate (or set ``lr_base`` instead)."""
+    lr_base: float | None = None
+    """Or: the peak learning rate at a global batch of ``lr_base_size`` samples, scaled to
+    the job's global batch (``batch_size`` x ``grad_accum_steps`` x trainer ranks) as timm's
+    ``train.py --lr-base`` does (``peak_lr``)."""
+    lr_base_size: int = 256
+    """The global batch ``lr_base`` is given for (timm's ``--lr-base-size``)."""
+    lr_base_scale: LrScale | None = None
+    """``linear`` or ``sqrt`` in the batch ratio; default as timm's ``train.py``: ``sqrt``
+    for Adam-family optimizers and LAMB, ``linear`` for SGD."""
+    layer_decay: float | None = None
+    """Layer-wise learning-rate decay (timm's ``create_optimizer_v2(layer_decay=...)``, the
+    standard ViT fine-tuning setting, e.g. 0.65-0.75): the head learns at the full rate, each
+    block below at this factor of the one above, the embeddings least. None: off."""
     weight_decay: float = 0.05
     """Not applied to norms, biases and embeddings (timm's parameter groups)."""
     warmup_steps: int = 0
@@ -377,7 +407,11 @@ class JobSpec:
     min_lr: float = 0.0
     """The cosine schedule's floor (reached at the last step)."""
     clip_grad_norm: float = 0.0
-    """Clip the gradients' total norm to this (0: off)."""
+    """Clip the gradients' total norm to this (0: off; the norm is logged either way)."""
+    max_nonfinite_steps: int = 3
+    """A step whose loss or gradient norm is not finite on any rank is skipped (no update);
+    this many such steps in a row stop the run (outcome ``failed``) with the step and what to
+    try."""
     label_smoothing: float = 0.0
     mixup: MixupSpec = field(default_factory=MixupSpec)
     ema: EmaSpec = field(default_factory=EmaSpec)
@@ -412,6 +446,30 @@ class JobSpec:
         if self.steps is not None:
             return self.steps
         return None if self.epochs is not None else 1000
+
+    @property
+    def resolved_lr_base_scale(self) -> LrScale:
+        """``lr_base_scale``, or timm's default for the optimizer (``train.py``: ``sqrt`` when
+        the optimizer's name has "ada" or "lamb", else ``linear``)."""
+        if self.lr_base_scale is not None:
+            return self.lr_base_scale
+        name = self.optimizer.value
+        return LrScale.SQRT if "ada" in name or "lamb" in name else LrScale.LINEAR
+
+    def global_batch(self, world_size: int) -> int:
+        """Samples per optimizer step over ``world_size`` trainer ranks."""
+        return self.batch_size * self.grad_accum_steps * world_size
+
+    def peak_lr(self, world_size: int) -> float:
+        """The peak learning rate with ``world_size`` trainer ranks: ``lr``, or ``lr_base``
+        scaled by the global batch over ``lr_base_size`` (its square root with ``sqrt``), as
+        timm's ``train.py`` computes ``--lr`` from ``--lr-base``."""
+        if self.lr_base is None:
+            return self.lr
+        ratio = self.global_batch(world_size) / self.lr_base_size
+        if self.resolved_lr_base_scale is LrScale.SQRT:
+            ratio = ratio**0.5
+        return self.lr_base * ratio
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -60,6 +60,15 @@ from training.trainer.config import ConfigError
 log = logging.getLogger(__name__)
 
 _PROBE_PREFIX = ".shared-probe-"
+
+
+class TrainState(Protocol):
+    """Plain training state (a few JSON values, the same on every rank) saved with every
+    checkpoint: the non-finite step counters (``training.trainer.nonfinite``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class CheckpointStorageError(RuntimeError):
@@ -189,6 +198,10 @@ class Checkpointer:
         self.extra: dict[str, nn.Module] = {}
         """More modules saved and restored with every checkpoint, under their key (the weight
         EMA: ``"ema"``). A checkpoint without a key's state starts it from the model's."""
+        self.train_state: dict[str, TrainState] = {}
+        """Plain state saved with every checkpoint as JSON under ``train.<key>`` (the
+        non-finite step counters: ``"nonfinite"``). A checkpoint without a key's state leaves
+        it as it is."""
 
     @property
     def _distributed(self) -> bool:
@@ -424,11 +437,14 @@ class Checkpointer:
         if self._distributed:
             all_data = [None] * self.world_size
             dist.all_gather_object(all_data, data_state, group=self.group)
-        state = {
-            "model": model_sd,
-            "optim": optim_sd,
-            "train": {"step": step, "world_size": self.world_size, "data": json.dumps(all_data)},
+        train: dict[str, Any] = {
+            "step": step,
+            "world_size": self.world_size,
+            "data": json.dumps(all_data),
         }
+        for key, train_state in self.train_state.items():
+            train[key] = json.dumps(train_state.state_dict(), sort_keys=True)
+        state = {"model": model_sd, "optim": optim_sd, "train": train}
         for key, module in self.extra.items():
             state[key] = module.state_dict()
         return state
@@ -536,8 +552,13 @@ class Checkpointer:
             "train": {"step": 0, "world_size": 0, "data": ""},
         }
         saved: set[str] = set()
-        if self.extra:  # which of them this checkpoint holds
+        if self.extra or self.train_state:  # which of them this checkpoint holds
             saved = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+        for key in self.train_state:
+            if f"train.{key}" in saved:
+                state["train"][key] = ""
+            else:
+                log.info("%s holds no %r state: it stays as it is", path, key)
         for key, module in self.extra.items():
             if any(k.startswith(f"{key}.") for k in saved):
                 state[key] = module.state_dict()
@@ -553,6 +574,9 @@ class Checkpointer:
             if key in state:
                 module.load_state_dict(state[key])
         train = state["train"]
+        for key, train_state in self.train_state.items():
+            if train.get(key):
+                train_state.load_state_dict(json.loads(train[key]))
         log.info("resumed from %s (step %d) in %.2fs", path, train["step"], _since(started))
         return Restored(
             step=int(train["step"]),

@@ -71,6 +71,11 @@ class ModelConfig:
     it."""
     init_ema: bool = True
     """From a ``train.py`` checkpoint, its EMA weights when it has them (``job.model.init_ema``)."""
+    drop_rate: float | None = None
+    """``timm.create_model(drop_rate=...)`` (``job.model.drop_rate``); None: the model's."""
+    drop_path_rate: float | None = None
+    """``timm.create_model(drop_path_rate=...)`` (``job.model.drop_path_rate``); None: the
+    model's."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +281,12 @@ class TrainerConfig:
                     f"job.model.overrides.{key} = {value} but job.dataset.{ds_key} = {expected}; "
                     f"make them equal (or drop the override: it defaults to the dataset's)"
                 )
+        chans = overrides.get("in_chans", 3)
+        if chans != 3:
+            problems.append(
+                f"job.model.overrides.in_chans = {chans!r}, but the trainer feeds RGB images (3 "
+                "channels); remove it (init weights of other channels are adapted by timm)"
+            )
         total = steps if steps is not None else job.total_steps
         if problems:
             raise ConfigError(problems)
@@ -295,6 +306,8 @@ class TrainerConfig:
                 num_classes=job.dataset.num_classes,
                 init=job.model.init,
                 init_ema=job.model.init_ema,
+                drop_rate=job.model.drop_rate,
+                drop_path_rate=job.model.drop_path_rate,
             ),
             parallel=ParallelConfig(
                 strategy=job.parallelism.strategy,

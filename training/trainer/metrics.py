@@ -96,6 +96,21 @@ class Interval:
     loss_sum: float = 0.0
     checkpoint_s: float = 0.0
     """Time the loop spent on checkpoints (not counted as step time)."""
+    grad_norm_sum: float = 0.0
+    """Total gradient norms (before clipping) of the applied steps."""
+    grad_norm_max: float | None = None
+    skipped: int = 0
+    """Steps skipped for a non-finite loss or gradient norm (``training.trainer.nonfinite``)."""
+
+    @property
+    def applied(self) -> int:
+        """Steps whose update was applied."""
+        return self.steps - self.skipped
+
+    def add_grad_norm(self, norm: float) -> None:
+        """One applied step's total gradient norm before clipping."""
+        self.grad_norm_sum += norm
+        self.grad_norm_max = norm if self.grad_norm_max is None else max(self.grad_norm_max, norm)
 
     def reset(self) -> None:
         self.started = time.perf_counter()
@@ -103,6 +118,9 @@ class Interval:
         self.data_wait_s = 0.0
         self.loss_sum = 0.0
         self.checkpoint_s = 0.0
+        self.grad_norm_sum = 0.0
+        self.grad_norm_max = None
+        self.skipped = 0
 
 
 @dataclass(frozen=True)
@@ -197,7 +215,8 @@ class MetricsLogger:
         checkpoint_age_s: float | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Record one interval (``loss`` and ``data_wait_share`` already averaged over ranks;
+        """Record one interval (``loss``, over its applied steps, and ``data_wait_share``
+        already averaged over ranks; ``interval``'s gradient norms and skipped steps as they are;
         ``checkpoint_age_s``: seconds since the newest durable checkpoint, None if none;
         ``extra``: more fields, e.g. the data tier's ``data_servers`` and
         ``data_servers_target``)."""
@@ -221,6 +240,14 @@ class MetricsLogger:
             "steps": steps,
             "checkpoint_stall_s": interval.checkpoint_s,
             "checkpoint_age_s": checkpoint_age_s,
+            # Over the interval's applied steps (the same on every rank); None without one.
+            "grad_norm": (
+                interval.grad_norm_sum / interval.applied
+                if interval.grad_norm_max is not None
+                else None
+            ),
+            "grad_norm_max": interval.grad_norm_max,
+            "nonfinite_steps": interval.skipped,
         }
         record.update(extra or {})
         if self._device.type == "cuda":
@@ -441,6 +468,10 @@ def progress_line(
         f"{_fmt(r['samples_per_usd'], ',.0f')} samples/$",
         f"cpu {r['host_cpu_pct']:.0f}%",
     ]
+    if r.get("grad_norm") is not None:
+        parts.append(f"grad norm {r['grad_norm']:.3g}")
+    if r.get("nonfinite_steps"):
+        parts.append(f"{r['nonfinite_steps']} non-finite step(s) skipped")
     if r.get("mfu") is not None:
         parts.append(f"MFU {r['mfu'] * 100:.1f}%")
     if r.get("gpu_util_pct") is not None:

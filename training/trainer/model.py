@@ -8,6 +8,7 @@ accepted as is. The input size and class count follow the dataset unless overrid
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 import logging
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 
 import timm
 import torch
+from timm.models import adapt_input_conv
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -61,6 +63,10 @@ def resolve(config: ModelConfig) -> tuple[str, dict[str, Any]]:
             ]
         )
     kwargs.update(config.overrides)
+    # The spec refuses setting a rate both here and in the overrides.
+    for key, rate in (("drop_rate", config.drop_rate), ("drop_path_rate", config.drop_path_rate)):
+        if rate is not None:
+            kwargs[key] = rate
     kwargs.setdefault("img_size", config.image_size)
     kwargs.setdefault("num_classes", config.num_classes)
     return name, kwargs
@@ -90,10 +96,17 @@ def start_model(config: ModelConfig, *, seed: int) -> StartedModel:
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)
     except TypeError as e:
-        raise ConfigError([f"job.model.overrides: timm's {name!r} rejects them: {e}"]) from e
+        raise ConfigError([_rejected(name, kwargs, e)]) from e
     params = sum(p.numel() for p in model.parameters())
     log.info("model %s (%s): %.2fM parameters", config.name, name, params / 1e6)
     return StartedModel(model)
+
+
+def _rejected(name: str, kwargs: Mapping[str, Any], error: Exception) -> str:
+    return (
+        f"job.model (overrides, drop_rate, drop_path_rate): timm's {name!r} rejects its "
+        f"arguments {sorted(kwargs)}: {error}"
+    )
 
 
 # -- job.model.init ----------------------------------------------------------------------------
@@ -108,8 +121,13 @@ class InitPlan:
     reinit: tuple[str, ...]
     """Keys left at their seeded random init (the classifier, when the class counts differ)."""
     resampled: tuple[str, ...]
-    """Keys timm resamples to the model's size (``pos_embed`` for another image size)."""
+    """Keys timm resamples to the model's shape: ``pos_embed`` for another image or patch size
+    (``resample_abs_pos_embed``), the patch embedding's kernel for another patch size
+    (``resample_patch_embed``), both in the ViT's ``checkpoint_filter_fn``."""
     tensors: int
+    file_in_chans: int | None = None
+    """The input channels of the file's first convolution when they differ from the model's,
+    which timm's loader adapts (``adapt_input_conv``); None: the same."""
 
 
 def load_init(config: ModelConfig, *, seed: int) -> StartedModel:
@@ -117,10 +135,12 @@ def load_init(config: ModelConfig, *, seed: int) -> StartedModel:
     folder or a weights file, local or in S3, which is downloaded to a temporary folder and
     deleted after loading). ``plan_init`` checks them against the model first; then timm loads
     them (``create_model(..., pretrained=True, pretrained_cfg_overlay={"state_dict": ...})``:
-    the model's own ``checkpoint_filter_fn`` resamples ``pos_embed`` for another image size,
-    and the classifier is dropped when the class counts differ). The model is built after
-    ``torch.manual_seed(seed)``, so a classifier left out is initialised the same on every
-    rank. ``ConfigError`` naming ``job.model.init`` and what differs otherwise."""
+    the model's own ``checkpoint_filter_fn`` resamples ``pos_embed`` for another image or patch
+    size and the patch embedding's kernel for another patch size, timm's ``load_pretrained``
+    adapts the first convolution from the file's input channels, named in the overlay's
+    ``input_size``, and the classifier is dropped when the class counts differ). The model is
+    built after ``torch.manual_seed(seed)``, so a classifier left out is initialised the same
+    on every rank. ``ConfigError`` naming ``job.model.init`` and what differs otherwise."""
     assert config.init
     name, kwargs = resolve(config)
     with tempfile.TemporaryDirectory(prefix="hetero-init-") as tmp:
@@ -128,13 +148,22 @@ def load_init(config: ModelConfig, *, seed: int) -> StartedModel:
         plan = plan_init(config, weights)
         torch.manual_seed(seed)
         # A state dict in the overlay is timm's first weight source: nothing is downloaded.
-        overlay = {"state_dict": dict(weights.state_dict), "num_classes": plan.file_classes}
+        overlay: dict[str, Any] = {
+            "state_dict": dict(weights.state_dict),
+            "num_classes": plan.file_classes,
+        }
+        input_size = timm.get_pretrained_cfg_value(name, "input_size") or (3, 224, 224)
+        if plan.file_in_chans is not None:
+            # timm's loader adapts the first convolution from the channels its config names.
+            overlay["input_size"] = (plan.file_in_chans, *input_size[1:])
+            # ... and would build the model with them too, unless told its own.
+            kwargs = {**kwargs, "in_chans": _in_chans(kwargs)}
         try:
             model = timm.create_model(
                 name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs
             )
         except TypeError as e:
-            raise ConfigError([f"job.model.overrides: timm's {name!r} rejects them: {e}"]) from e
+            raise ConfigError([_rejected(name, kwargs, e)]) from e
         except (RuntimeError, ValueError) as e:  # what the checks above did not foresee
             raise ConfigError(
                 [f"{INIT_FIELD} = {weights.uri!r}: timm could not load it: {e}"]
@@ -143,6 +172,8 @@ def load_init(config: ModelConfig, *, seed: int) -> StartedModel:
     pretrained_cfg = getattr(model, "pretrained_cfg", None)
     if isinstance(pretrained_cfg, dict):
         pretrained_cfg["state_dict"] = None
+        if plan.file_in_chans is not None:  # The model's own channels, not the file's.
+            pretrained_cfg["input_size"] = tuple(input_size)
     weights = replace(weights, state_dict={})
     params = sum(p.numel() for p in model.parameters())
     log.info(
@@ -163,13 +194,17 @@ def load_init(config: ModelConfig, *, seed: int) -> StartedModel:
             plan.file_classes,
             config.num_classes,
         )
-    if plan.resampled:
+    state = model.state_dict()
+    for key in plan.resampled:
         log.info(
-            "%s: timm resampled %s to the model's image size %d",
-            INIT_FIELD,
-            ", ".join(plan.resampled),
-            config.image_size,
-        )
+            "%s: timm resampled %s from %s to %s",
+            INIT_FIELD, key, list(weights.shapes[key]), list(state[key].shape),
+        )  # fmt: skip
+    if plan.file_in_chans is not None:
+        log.info(
+            "%s: timm adapted %s from %d input channel(s) to %d (adapt_input_conv)",
+            INIT_FIELD, _first_conv(model), plan.file_in_chans, _in_chans(resolve(config)[1]),
+        )  # fmt: skip
     return StartedModel(model, weights)
 
 
@@ -210,8 +245,9 @@ def _classifier_keys(model: nn.Module) -> tuple[str, ...]:
 def plan_init(config: ModelConfig, weights: InitWeights) -> InitPlan:
     """Compare the weights' tensors (names and shapes) with the model ``config`` builds (on the
     meta device), and the architecture and arguments they name with the model's; ``ConfigError``
-    naming ``job.model.init`` and every difference that is not the classifier's class count or
-    ``pos_embed``'s token count."""
+    naming ``job.model.init`` and every difference that is not the classifier's class count,
+    ``pos_embed``'s token count, or the patch embedding's kernel or input channels (which timm
+    resamples and adapts)."""
     uri = weights.uri
     name, kwargs = resolve(config)
     problems = _config_differences(name, kwargs, weights)
@@ -228,6 +264,22 @@ def plan_init(config: ModelConfig, weights: InitWeights) -> InitPlan:
         expected = {k: v for k, v in expected.items() if k not in head}
         shapes = {k: v for k, v in shapes.items() if k not in head}
     resampled = []
+    file_in_chans = None
+    first = f"{_first_conv(meta)}.weight"
+    theirs, ours = shapes.get(first), expected.get(first)
+    if theirs is not None and ours is not None and theirs != ours:
+        kernel, chans = _first_conv_change(first, theirs, ours)
+        if chans and not _timm_adapts_channels():
+            problems.append(
+                f"{first} has {theirs[1]} input channels, the model {ours[1]}: timm "
+                f"{timm.__version__} cannot adapt them (timm >= 1.0.31's loader does); "
+                "upgrade timm or give 3-channel weights"
+            )
+            shapes[first] = ours  # Said once, above.
+        elif kernel or chans:
+            resampled += [first] if kernel else []
+            file_in_chans = theirs[1] if chans else None
+            shapes[first] = ours
     pos = "pos_embed"
     # timm resamples the position embedding to another grid; its width must agree.
     if (
@@ -261,11 +313,58 @@ def plan_init(config: ModelConfig, weights: InitWeights) -> InitPlan:
         reinit=reinit,
         resampled=tuple(resampled),
         tensors=len(shapes) + len(reinit),
+        file_in_chans=file_in_chans,
     )
 
 
-_FREE_ARGS = frozenset({"num_classes", "img_size"})
-"""Arguments a fine-tune may change: the classifier is re-initialised, pos_embed resampled."""
+PATCH_EMBED = "patch_embed.proj.weight"
+"""The ViT patch embedding, whose kernel timm's ``checkpoint_filter_fn`` resamples to another
+patch size (``resample_patch_embed``)."""
+
+
+def _first_conv(model: nn.Module) -> str:
+    """The model's first convolution (timm's ``pretrained_cfg["first_conv"]``)."""
+    name = (getattr(model, "pretrained_cfg", None) or {}).get("first_conv") or "patch_embed.proj"
+    return str(name[0] if isinstance(name, list | tuple) else name)
+
+
+def _in_chans(kwargs: Mapping[str, Any]) -> int:
+    return int(kwargs.get("in_chans", 3))
+
+
+def _first_conv_change(
+    key: str, theirs: tuple[int, ...], ours: tuple[int, ...]
+) -> tuple[bool, bool]:
+    """(the kernel is resampled, the input channels are adapted) for the first convolution's
+    weight of shape ``theirs`` in the file and ``ours`` in the model; (False, False) when timm
+    does neither (another width, or another kernel outside a ViT patch embedding)."""
+    if len(theirs) != 4 or len(ours) != 4 or theirs[0] != ours[0]:
+        return False, False
+    kernel = theirs[2:] != ours[2:]
+    if kernel and key != PATCH_EMBED:
+        return False, False
+    return kernel, theirs[1] != ours[1]
+
+
+def _timm_adapts_channels() -> bool:
+    """Whether timm's ``load_pretrained`` adapts a first convolution from the channels its
+    pretrained config names (timm 1.0.31: ``adapt_input_conv(base_chans=...)``; before, it only
+    adapted 3-channel weights to a model of other channels)."""
+    return "base_chans" in inspect.signature(adapt_input_conv).parameters
+
+
+_FREE_ARGS = frozenset(
+    {
+        "num_classes", "img_size", "patch_size", "in_chans", "global_pool", "dynamic_img_size",
+        "drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate",
+        "patch_drop_rate",
+    }
+)  # fmt: skip
+"""``config.json`` arguments a fine-tune may change: the class count (the classifier is
+re-initialised), the image size and patch size (timm resamples ``pos_embed`` and the patch
+embedding), the input channels (timm adapts the first convolution), and what changes no tensor:
+dropout and stochastic-depth rates, ``global_pool``, ``dynamic_img_size`` (a pooling that does
+change tensors, e.g. ``avg`` adding ``fc_norm``, is refused by the tensor comparison)."""
 
 
 def _config_differences(name: str, kwargs: Mapping[str, Any], weights: InitWeights) -> list[str]:

@@ -7,9 +7,10 @@ rank act on the same step.
   checkpoint at the next step boundary and keep training.
 
 Ranks may receive a signal at different steps, so once per step they all-reduce (MAX) a few
-flags on a CPU (gloo) group: stop, void (this step must not be applied), checkpoint now, and
-"my background save is still busy" (its MAX is true while any rank's is). One small collective
-per step, no GPU synchronisation, and no rank leaves a collective the others are still in.
+flags on a CPU (gloo) group: stop, void (this step must not be applied), checkpoint now,
+"my background save is still busy" (its MAX is true while any rank's is) and "my loss or
+gradient norm is not finite" (no rank applies the step: ``training.trainer.nonfinite``). One
+small collective per step, and no rank leaves a collective the others are still in.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class StepFlags:
     """Some rank was asked for a checkpoint (SIGUSR1): every rank saves this step."""
     saves_done: bool
     """No rank has background checkpoint work in flight."""
+    nonfinite: bool = False
+    """Some rank's loss or gradient norm is not finite: no rank applies this step."""
 
 
 class StopSignal:
@@ -93,22 +96,27 @@ class StopSignal:
         """Ask for a stop as if a signal had arrived (used for ``--max-seconds``)."""
         self._event.set()
 
-    def agree(self, void: bool = False, save_busy: bool = False) -> StepFlags:
+    def agree(
+        self, void: bool = False, save_busy: bool = False, nonfinite: bool = False
+    ) -> StepFlags:
         """The flags of every rank combined, the same on every rank (one collective).
         ``void``: this rank has no data for this step; ``save_busy``: this rank's background
-        checkpoint work has not finished."""
+        checkpoint work has not finished; ``nonfinite``: this rank's loss or gradient norm is
+        not finite."""
         requests = self._checkpoint_requests
         wants_checkpoint = requests > self._checkpoint_served
-        local = (self.local, void, wants_checkpoint, save_busy)
+        local = (self.local, void, wants_checkpoint, save_busy, nonfinite)
         if dist.is_initialized() and dist.get_world_size() > 1:
             flags = torch.tensor([int(v) for v in local], dtype=torch.int32)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
-            stop, any_void, checkpoint, busy = (bool(v) for v in flags.tolist())
+            stop, any_void, checkpoint, busy, bad = (bool(v) for v in flags.tolist())
         else:
-            stop, any_void, checkpoint, busy = local
+            stop, any_void, checkpoint, busy, bad = local
         if checkpoint:
             # Served by the save every rank now makes, whoever asked for it.
             self._checkpoint_served = requests
         if stop and not self.local:
             log.info("another rank is stopping: stopping at this step too")
-        return StepFlags(stop=stop, void=any_void, checkpoint_now=checkpoint, saves_done=not busy)
+        return StepFlags(
+            stop=stop, void=any_void, checkpoint_now=checkpoint, saves_done=not busy, nonfinite=bad
+        )

@@ -53,6 +53,7 @@ from training.trainer.metrics import (
 )
 from training.trainer.model import start_model, training_flops_per_sample
 from training.trainer.model_config import ExportError
+from training.trainer.nonfinite import NonFiniteSteps, StepNumbers
 from training.trainer.parallel_dims import ParallelDims
 from training.trainer.parallelize import compile_blocks, parallelize
 from training.trainer.recipe import (
@@ -61,6 +62,8 @@ from training.trainer.recipe import (
     build_ema,
     build_optimizer,
     clip_gradients,
+    describe_lr,
+    is_stochastic,
     recipe_summary,
     unwrap,
 )
@@ -156,14 +159,21 @@ class Trainer:
             grad_compression=config.parallel.grad_compression,
         )  # fmt: skip
         job = config.spec.job
-        self.optimizer = build_optimizer(self.model, job)
+        self.optimizer = build_optimizer(self.model, job, world_size=self.world_size)
+        log.info("peak learning rate %s", describe_lr(job, self.world_size))
         self.stream = stream or build_stream(
             config, rank=self.rank, world_size=self.world_size,
             pin_memory=self.device.type == "cuda",
         )  # fmt: skip
         self.autoscaler = build_autoscaler(config, self.stream, self.rank)
-        self.schedule = LearningRate(self.optimizer, job, self._planned_steps())
-        self.recipe = BatchRecipe(job, num_classes=config.model.num_classes, device=self.device)
+        self.schedule = LearningRate(
+            self.optimizer, job, self._planned_steps(), world_size=self.world_size
+        )
+        self.nonfinite = NonFiniteSteps(job.max_nonfinite_steps)
+        self.recipe = BatchRecipe(
+            job, num_classes=config.model.num_classes, device=self.device, rank=self.rank,
+            stochastic_model=is_stochastic(model),
+        )  # fmt: skip
         self.ema = build_ema(self.model, job, self.device)
         self.validation: ValidationBatches | None = None
         if job.dataset.has_validation and config.input.kind is not InputKind.SYNTHETIC:
@@ -184,6 +194,7 @@ class Trainer:
         )  # fmt: skip
         if self.ema is not None:
             self.checkpointer.extra["ema"] = self.ema.module
+        self.checkpointer.train_state["nonfinite"] = self.nonfinite
         self.checkpointer.check_shared_folder()
         self.policy = CheckpointPolicy(
             self.checkpointer, interval_steps=ckpt.interval_steps, async_save=ckpt.async_save,
@@ -306,6 +317,7 @@ class Trainer:
         with (
             self._grad_sync(sync),
             torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast),
+            self.recipe.model_randomness(step=self.step + 1, micro=micro),
         ):
             logits = self.model(images)
             loss = self.recipe.loss(logits, labels) / self.config.grad_accum_steps
@@ -367,7 +379,10 @@ class Trainer:
             ) and (c.total_steps is None or self.step + 1 < c.total_steps)
             if out_of_time:
                 self.stop.request()
-            flags = self.stop.agree(void, save_busy=self.policy.busy)
+            # The total gradient norm before clipping (clipped to job.clip_grad_norm) and this
+            # rank's loss, read on the host: every rank learns below whether any is not finite.
+            numbers = StepNumbers.read(step_loss, clip_gradients(self.model, job.clip_grad_norm))
+            flags = self.stop.agree(void, save_busy=self.policy.busy, nonfinite=not numbers.finite)
             if flags.void:
                 # A rank was stopped before it had this step's data: no rank applies the step,
                 # and the checkpoint keeps every rank's position from before it (no sample lost
@@ -379,19 +394,25 @@ class Trainer:
                 break
             # A background save must have copied the state before the optimizer changes it.
             stall = self.policy.before_update()
-            clip_gradients(self.model, job.clip_grad_norm)
-            self.optimizer.step()
-            if self.step == start_step:
-                self.state_bytes = local_state_bytes(self.model, self.optimizer)
+            if flags.nonfinite:
+                # No rank applies it; the step still counts (schedule, data, checkpoints).
+                self.nonfinite.skip(self.step + 1, numbers)  # raises after too many in a row
+                interval.skipped += 1
+            else:
+                self.nonfinite.applied()
+                self.optimizer.step()
+                interval.add_grad_norm(numbers.grad_norm)
+                loss_sum += step_loss
+                if not self.state_bytes:
+                    self.state_bytes = local_state_bytes(self.model, self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
             pace = c.pace_at(self.step + 1)
             if pace:  # a test's stand-in for a slower device: compute takes at least this
                 busy = time.perf_counter() - step_started - (interval.data_wait_s - waited_before)
                 time.sleep(max(0.0, pace - busy))
-            loss_sum += step_loss
             self.step += 1
             interval.steps += 1
-            if self.ema is not None:
+            if self.ema is not None and not flags.nonfinite:
                 self.ema.update(unwrap(self.model), step=self.step)
             if self.samples is not None:
                 self.samples.append(self.step, epoch, step_ids)
@@ -450,7 +471,8 @@ class Trainer:
                 "cluster_usd_per_hour": self.config.spec.usd_per_hour(),
                 "memory_per_rank": per_rank,
                 "checkpoint": self.policy.summary(),
-                "recipe": recipe_summary(self.config.spec.job),
+                "recipe": recipe_summary(self.config.spec.job, self.world_size),
+                "nonfinite_steps": self.nonfinite.skipped,
                 "data_config": self.data.as_dict(),
                 "model": exported,
             }
@@ -535,9 +557,11 @@ class Trainer:
 
     def _log(self, interval: Interval, loss_sum: torch.Tensor, lr: float) -> None:
         elapsed = max(time.perf_counter() - interval.started, 1e-9)
-        # Average loss and data-wait share over ranks in one small collective.
+        # Average loss (over applied steps: NaN without one) and data-wait share over ranks in
+        # one small collective.
+        loss_mean = loss_sum.float() / interval.applied if interval.applied else math.nan
         t = torch.stack(
-            [loss_sum.float() / max(interval.steps, 1),
+            [torch.as_tensor(loss_mean, device=self.device, dtype=torch.float32),
              torch.tensor(interval.data_wait_s / elapsed, device=self.device)]
         )  # fmt: skip
         if self.world_size > 1:
