@@ -124,6 +124,42 @@ class FakeImds:
             self.paths[path] = body
 
 
+HOST_INSTANCE = "i-0123456789abcdef0"
+HOST_GROUPS = ["vit-trainer", "vit-dataprep"]
+"""The instance and the Auto Scaling groups of ``as_deployed_host``."""
+
+
+def as_deployed_host(
+    monkeypatch: pytest.MonkeyPatch,
+    imds: FakeImds,
+    record_dir: Path,
+    *,
+    job_parameter: str | None = None,
+) -> None:
+    """This process as ``hetero launch`` runs on an instance the stack launched: IMDS gives
+    ``HOST_INSTANCE`` in us-east-1, the user data's variables name the groups and the checkpoint
+    folder (the job record), and the job parameter when given."""
+    imds.paths.update(
+        {
+            "/latest/meta-data/instance-id": HOST_INSTANCE,
+            "/latest/meta-data/local-ipv4": "10.0.0.5",
+            "/latest/meta-data/placement/region": "us-east-1",
+        }
+    )
+    env = {
+        "HETERO_ASG_NAMES": ",".join(HOST_GROUPS),
+        "HETERO_CHECKPOINT_URI": str(record_dir),
+        "HETERO_CLUSTER": "vit",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    if job_parameter is not None:
+        env["HETERO_JOB_PARAMETER"] = job_parameter
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+
 @pytest.fixture
 def fake_imds() -> Iterator[FakeImds]:
     imds = FakeImds()

@@ -23,7 +23,7 @@ from training.launcher import host_checks, job_end, launch
 from training.launcher.plan import Backend
 from training.spec import parse_spec
 
-from .conftest import FakeImds, one_of_each
+from .conftest import HOST_GROUPS, HOST_INSTANCE, FakeImds, as_deployed_host, one_of_each
 
 # The version line of the two kernel modules NVIDIA ships (proprietary, open).
 PROPRIETARY = (
@@ -207,8 +207,7 @@ def test_check_host_gives_the_trainer_the_cap_and_checks_drivers_off_local_only(
 
 # ------------------------------------------------------------------------ through hetero launch
 
-INSTANCE = "i-0123456789abcdef0"
-GROUPS = ["vit-trainer", "vit-dataprep"]
+INSTANCE, GROUPS = HOST_INSTANCE, HOST_GROUPS
 
 
 def _args(spec: Path, *extra: str) -> argparse.Namespace:
@@ -226,22 +225,7 @@ def deployed(
     spec = tmp_path / "cluster.toml"
     spec.write_text(one_of_each("vit"))
     record_dir = tmp_path / "record"
-    fake_imds.paths.update(
-        {
-            "/latest/meta-data/instance-id": INSTANCE,
-            "/latest/meta-data/local-ipv4": "10.0.0.5",
-            "/latest/meta-data/placement/region": "us-east-1",
-        }
-    )
-    for k, v in {
-        "HETERO_ASG_NAMES": ",".join(GROUPS),
-        "HETERO_CHECKPOINT_URI": str(record_dir),
-        "HETERO_CLUSTER": "vit",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(k, v)
+    as_deployed_host(monkeypatch, fake_imds, record_dir)
     monkeypatch.delenv("HETERO_JOB_PARAMETER", raising=False)
     monkeypatch.delenv("HETERO_LIFECYCLE_HOOK", raising=False)
     scaled: list[list[str]] = []

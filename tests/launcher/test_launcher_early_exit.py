@@ -24,10 +24,9 @@ from training.common.outcome import EXIT_FAILED
 from training.launcher import early_exit, launch
 from training.launcher.peers import EXIT_PEERS
 
-from .conftest import FakeImds, one_of_each, stubbed
+from .conftest import HOST_GROUPS, HOST_INSTANCE, FakeImds, as_deployed_host, one_of_each, stubbed
 
-INSTANCE = "i-0123456789abcdef0"
-GROUPS = ["vit-trainer", "vit-dataprep"]
+INSTANCE, GROUPS = HOST_INSTANCE, HOST_GROUPS
 UNHEALTHY = {"InstanceId": INSTANCE, "HealthStatus": "Unhealthy", "ShouldRespectGracePeriod": False}
 
 
@@ -196,23 +195,7 @@ def test_launch_with_an_unreadable_job_pointer_takes_its_instance_out_of_service
     spec.write_text(SPEC)
     record_dir = tmp_path / "record"
     imds = fake_imds
-    imds.paths.update(
-        {
-            "/latest/meta-data/instance-id": INSTANCE,
-            "/latest/meta-data/local-ipv4": "10.0.0.5",
-            "/latest/meta-data/placement/region": "us-east-1",
-        }
-    )
-    for k, v in {
-        "HETERO_ASG_NAMES": ",".join(GROUPS),
-        "HETERO_JOB_PARAMETER": "/hetero/vit/job",
-        "HETERO_CHECKPOINT_URI": str(record_dir),
-        "HETERO_CLUSTER": "vit",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(k, v)
+    as_deployed_host(monkeypatch, imds, record_dir, job_parameter="/hetero/vit/job")
     calls: list[dict[str, Any]] = []
 
     def set_unhealthy(client: Any, instance_id: str) -> bool:
