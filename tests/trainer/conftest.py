@@ -16,8 +16,9 @@ import torch.distributed.checkpoint as dcp
 from moto import mock_aws
 
 from training.common.steps import MARKER
-from training.trainer.config import ModelConfig
+from training.trainer.config import ModelConfig, TrainerConfig
 from training.trainer.model import build_model
+from training.trainer.train import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,6 +103,16 @@ def mock_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with mock_aws():
         yield boto3.client("s3")
+
+
+def train_to_end(config: TrainerConfig) -> Trainer:
+    """Train ``config`` in this process to its end (exit 0), the trainer closed after."""
+    trainer = Trainer(config)
+    try:
+        assert trainer.train() == 0
+    finally:
+        trainer.close()
+    return trainer
 
 
 def load_params(path: Path) -> dict[str, torch.Tensor]:

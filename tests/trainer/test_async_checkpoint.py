@@ -22,7 +22,7 @@ from training.trainer.config import TrainerConfig
 from training.trainer.local_run import run_local
 from training.trainer.train import Trainer
 
-from .conftest import load_params, write_spec
+from .conftest import load_params, train_to_end, write_spec
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -34,12 +34,7 @@ def run_in_process(tmp: Path, *, async_save: bool, steps: int) -> Trainer:
         load_spec(spec), run_dir=tmp / "run", steps=steps, synthetic=True
     )
     assert config.checkpoint.async_save is async_save
-    trainer = Trainer(config)
-    try:
-        assert trainer.train() == 0
-    finally:
-        trainer.close()
-    return trainer
+    return train_to_end(config)
 
 
 def assert_same_weights(a: Path, b: Path) -> None:

@@ -13,7 +13,7 @@ from training.trainer.checkpoint import latest_complete, step_dirs
 from training.trainer.config import TrainerConfig
 from training.trainer.train import Trainer
 
-from .conftest import write_spec
+from .conftest import train_to_end, write_spec
 
 
 def make_step(root: Path, step: int, complete: bool) -> Path:
@@ -42,12 +42,7 @@ def test_no_checkpoint_folder_means_a_fresh_start(tmp_path: Path) -> None:
 
 def run_in_process(spec: Path, run_dir: Path, steps: int) -> Trainer:
     config = TrainerConfig.from_spec(load_spec(spec), run_dir=run_dir, steps=steps, synthetic=True)
-    trainer = Trainer(config)
-    try:
-        assert trainer.train() == 0
-    finally:
-        trainer.close()
-    return trainer
+    return train_to_end(config)
 
 
 def test_resume_continues_from_the_newest_complete_checkpoint(tmp_path: Path) -> None:

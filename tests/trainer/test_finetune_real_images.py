@@ -34,7 +34,7 @@ from training.trainer.config import TrainerConfig
 from training.trainer.export import export_checkpoint
 from training.trainer.train import Trainer
 
-from .conftest import GROUPS
+from .conftest import GROUPS, train_to_end
 
 ARCH = "vit_tiny_patch16_224"
 TINY = {"patch_size": 8, "depth": 2, "embed_dim": 32, "num_heads": 2}  # the vit-cpu-tiny preset
@@ -142,12 +142,7 @@ def job(tmp_path: Path, source: Source, init: Path) -> Path:
 
 def run(spec: Path, run_dir: Path, servers: list[str] | None = None) -> Trainer:
     config = TrainerConfig.from_spec(load_spec(spec), run_dir=run_dir, data_servers=servers or [])
-    trainer = Trainer(config)
-    try:
-        assert trainer.train() == 0
-    finally:
-        trainer.close()
-    return trainer
+    return train_to_end(config)
 
 
 @pytest.fixture
