@@ -13,7 +13,6 @@ import boto3
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from moto import mock_aws
 
 from training.common.steps import MARKER
 from training.trainer.config import ModelConfig, TrainerConfig
@@ -101,6 +100,10 @@ def mock_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for key in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # Imported here: the GPU check host (scripts/gpu_check.sh) runs this folder's CUDA tests
+    # without the AWS test tools.
+    from moto import mock_aws
+
     with mock_aws():
         yield boto3.client("s3")
 

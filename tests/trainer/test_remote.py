@@ -159,12 +159,14 @@ def test_resume_on_three_servers_equals_an_uninterrupted_run_on_one(tmp_path: Pa
         assert torch.equal(one[key], three[key]), key
 
 
-def test_stop_while_waiting_for_data_checkpoints_the_position_before_the_step(
+def test_stop_while_waiting_for_data_checkpoints_the_position_after_the_last_applied_step(
     tmp_path: Path,
 ) -> None:
     """The data servers are gone and the trainer waits for data; a stop request (SIGTERM's
-    flag) ends the wait at once: the step it waited for is not applied, and the checkpoint
-    holds the data position from before it."""
+    flag) ends the wait at once. The trainer waits for the next step's first batch before it
+    applies the step in flight (``training.trainer.lookahead``), so that step is applied and the
+    run stops there: no step is applied without its batch, and the position to checkpoint is
+    just after the last applied step's batches."""
     source = PremadeBatchSource(SAMPLES, image_size=32, max_batch=8, num_classes=10)
     server, port = create_server(source, port=0)
     cfg = config(tmp_path, [f"127.0.0.1:{port}"], epochs=1000)
@@ -193,14 +195,15 @@ def test_stop_while_waiting_for_data_checkpoints_the_position_before_the_step(
         thread.join(timeout=30)
         trainer.close()
         server.stop(0)
-    assert result == [EXIT_STOPPED] and trainer.step == steps
-    assert trainer.summary["stopped_by"] == "peer" and trainer.summary["steps"] == steps
-    saved = trainer._data_state
+    # The step whose batches had all arrived is applied; the one waited for is not.
+    assert result == [EXIT_STOPPED] and trainer.step == steps + 1
+    assert trainer.summary["stopped_by"] == "peer" and trainer.summary["steps"] == steps + 1
+    saved = trainer._data()
     assert saved is not None and saved["client"] is not None
     consumed = sum(b - a for a, b in saved["client"]["consumed"])
     per_epoch = SAMPLES // 4
-    assert saved["epoch"] * per_epoch * 4 + consumed == steps * 4  # no batch of the void step
-    # The sample log has every applied step, and not the void one.
+    assert saved["epoch"] * per_epoch * 4 + consumed == trainer.step * 4
+    # The sample log has every applied step, and no other.
     logged = read_sample_log(tmp_path / "samples" / "rank-0.jsonl")
-    assert [line["step"] for line in logged] == list(range(1, steps + 1))
+    assert [line["step"] for line in logged] == list(range(1, trainer.step + 1))
     assert all(len(line["sample_ids"]) == 4 for line in logged)

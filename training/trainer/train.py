@@ -43,6 +43,7 @@ from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
 from training.trainer.export import export_trained
 from training.trainer.inputs import build_stream
+from training.trainer.lookahead import Lookahead
 from training.trainer.metrics import (
     EvalResult,
     EvalScores,
@@ -211,6 +212,7 @@ class Trainer:
             self.validation.set_interrupt(lambda: self.stop.local)
         self._data_state: dict[str, Any] | None = None
         """The data position to checkpoint instead of the stream's (after a voided step)."""
+        self.inputs = Lookahead(self.stream)  # the stream, read one batch ahead in the loop
 
         mean = torch.tensor(self.data.mean, device=self.device).view(1, 3, 1, 1)
         std = torch.tensor(self.data.std, device=self.device).view(1, 3, 1, 1)
@@ -346,23 +348,23 @@ class Trainer:
             step_started, waited_before = time.perf_counter(), interval.data_wait_s
             lr = self.lr_at(self.step + 1)
             LearningRate.apply(self.optimizer, lr)
-            data_state = self.stream.state_dict()  # the position before this step's batches
+            data_state = self.inputs.state_dict()  # the position before this step's batches
             void = False  # this rank was stopped while waiting for a batch
             step_loss = torch.zeros((), device=self.device)
             step_ids: list[torch.Tensor] = []
-            epoch = self.stream.epoch
+            epoch = self.inputs.epoch
             try:
                 for micro in range(c.grad_accum_steps):
                     t0 = time.perf_counter()
                     try:
-                        batch = self.stream.next()
+                        batch = self.inputs.next()
                     except DataInterrupted:
                         # Still run the micro-step (blank, zero weight): the other ranks'
                         # collectives need this rank; the step is then not applied.
                         void, batch = True, self._blank
                     interval.data_wait_s += time.perf_counter() - t0
                     if micro == 0:
-                        epoch = self.stream.epoch  # the epoch this step's first batch is from
+                        epoch = self.inputs.epoch  # the epoch this step's first batch is from
                     step_ids.append(batch.sample_ids)
                     last_micro = micro == c.grad_accum_steps - 1
                     step_loss += self._micro_step(batch, sync=last_micro, micro=micro)
@@ -381,7 +383,11 @@ class Trainer:
                 self.stop.request()
             # The total gradient norm before clipping (clipped to job.clip_grad_norm) and this
             # rank's loss, read on the host: every rank learns below whether any is not finite.
-            numbers = StepNumbers.read(step_loss, clip_gradients(self.model, job.clip_grad_norm))
+            grad_norm = clip_gradients(self.model, job.clip_grad_norm)
+            if not self.stop.local and (c.total_steps is None or self.step + 1 < c.total_steps):
+                # While the GPU still runs this step: the read below waits for it to finish.
+                interval.data_wait_s += self.inputs.take_ahead()
+            numbers = StepNumbers.read(step_loss, grad_norm)
             flags = self.stop.agree(void, save_busy=self.policy.busy, nonfinite=not numbers.finite)
             if flags.void:
                 # A rank was stopped before it had this step's data: no rank applies the step,
@@ -543,7 +549,7 @@ class Trainer:
 
     def _data(self) -> Any:
         """The data position to checkpoint: after the last applied step."""
-        return self._data_state if self._data_state is not None else self.stream.state_dict()
+        return self._data_state if self._data_state is not None else self.inputs.state_dict()
 
     @property
     def _blank(self) -> Batch:
@@ -579,7 +585,7 @@ class Trainer:
             }
         self.metrics.log(
             self.step, interval, loss=loss, lr=lr, data_wait_share=wait_share,
-            epoch=self.stream.epoch, checkpoint_age_s=self.policy.checkpoint_age_s(),
+            epoch=self.inputs.epoch, checkpoint_age_s=self.policy.checkpoint_age_s(),
             extra=extra,
         )  # fmt: skip
 
