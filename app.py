@@ -21,12 +21,13 @@ def main() -> int:
     destroy = str(app.node.try_get_context("destroy_checkpoints")).lower() == "true"
     try:
         spec = load_spec(spec_path)
+        add_nag_checks(app)
+        # SpecError here too: a timm: init the Hugging Face cache or Hub cannot give.
+        create_stacks(app, spec=spec, spec_text=spec_path.read_text(), destroy_checkpoints=destroy)
     except SpecError as e:
-        # Fail before anything is built: the message names each field and its fix.
+        # Fail before anything is synthesized: the message names each field and its fix.
         print(f"cdk synth stopped: {e}", file=sys.stderr)
         return 2
-    add_nag_checks(app)
-    create_stacks(app, spec=spec, spec_text=spec_path.read_text(), destroy_checkpoints=destroy)
     app.synth()
     return 0
 

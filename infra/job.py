@@ -22,7 +22,8 @@ class JobParameter(Construct):
     """The SSM String parameter (standard tier) ``/hetero/<cluster>/job``.
 
     Attributes: ``parameter``, ``parameter_name`` and ``pointer`` (the value the stack writes;
-    its ``checkpoint_uri`` holds the bucket's name as a deploy-time token).
+    its ``checkpoint_uri`` holds the bucket's name as a deploy-time token). ``init`` and
+    ``init_uri``: a ``timm:`` init and where the deploy staged it (``infra/init_asset.py``).
     """
 
     def __init__(
@@ -33,10 +34,14 @@ class JobParameter(Construct):
         cluster_name: str,
         spec_text: str,
         checkpoint_base_uri: str,
+        init: str | None = None,
+        init_uri: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.parameter_name = job_parameter_name(cluster_name)
-        self.pointer: JobPointer = deployed_job_pointer(spec_text, checkpoint_base_uri)
+        self.pointer: JobPointer = deployed_job_pointer(
+            spec_text, checkpoint_base_uri, init=init, init_uri=init_uri
+        )
         self.parameter = ssm.StringParameter(
             self,
             "Parameter",

@@ -27,10 +27,12 @@ from infra.cluster import (
     grant_dataset_read,
 )
 from infra.dashboard import ClusterDashboard
+from infra.init_asset import InitWeightsAsset
 from infra.instance_group import InstanceGroupFleet
 from infra.job import JobParameter
 from infra.network import ClusterNetwork
 from training.common.names import TAG_CLUSTER, asg_name
+from training.common.timm_hub import is_timm_init
 from training.spec import ClusterSpec
 
 logger = logging.getLogger(__name__)
@@ -55,7 +57,8 @@ class ClusterStack(cdk.Stack):
     """Everything one job runs on: images, bucket, logs, roles and a fleet per instance group
     (with a cluster placement group of its own where the group uses one). Attributes:
     ``image``, ``checkpoints``, ``log_group``, ``instance_role``, ``sagemaker_role``, ``fleets``
-    (by group name), ``dashboard``, ``job``."""
+    (by group name), ``dashboard``, ``job``, ``init_weights`` (a ``timm:`` init's asset, else
+    None)."""
 
     def __init__(
         self,
@@ -106,6 +109,17 @@ class ClusterStack(cdk.Stack):
         )
         if dataset_uri is not None:
             grant_dataset_read(self.instance_role.role, dataset_uri)
+        # A timm: init, resolved here (the instances have no internet route) and deployed as
+        # an asset the instances read: infra/init_asset.py.
+        self.init_weights: InitWeightsAsset | None = None
+        if is_timm_init(spec.job.model.init):
+            self.init_weights = InitWeightsAsset(
+                self,
+                "InitWeights",
+                init=str(spec.job.model.init),
+                reader=self.instance_role.role,
+                source=str(spec.source),
+            )
         # The current job (id, checkpoint folder): a changed spec deploys a fresh job.
         self.job = JobParameter(
             self,
@@ -113,6 +127,8 @@ class ClusterStack(cdk.Stack):
             cluster_name=spec.name,
             spec_text=spec_text,
             checkpoint_base_uri=self.checkpoints.uri,
+            init=self.init_weights.init if self.init_weights else None,
+            init_uri=self.init_weights.uri if self.init_weights else None,
         )
         self.job.grant_read(self.instance_role.role)
         self.sagemaker_role = SageMakerExecutionRole(

@@ -12,9 +12,10 @@ evaluates every call in the file against the roles of the synthesized stacks
 Normalized: the names a test chose become placeholders, so one call is one line whatever the
 run: ``{cluster}`` (the spec's name), ``{checkpoints}`` (the checkpoint bucket), ``{dataset}``
 (the dataset's bucket) and ``{dataset_root}`` (its key prefix), ``{instance}`` (an instance id),
-``{n}`` (a number in a key, a prefix or a job name: steps, ranks, shards), and a key's job
-folder under ``checkpoints/`` becomes ``{job}``. Parameters that decide neither resource nor
-condition (sizes, checksums, tokens) go.
+``{n}`` (a number in a key, a prefix or a job name: steps, ranks, shards), a key's job
+folder under ``checkpoints/`` becomes ``{job}``, and a sha256 in a key (a staged ``timm:``
+init's folder, ``checkpoints/init/<sha256>/``) ``{digest}``. Parameters that decide neither
+resource nor condition (sizes, checksums, tokens) go.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ _NUMBER = re.compile(r"\d+")
 # The job ids of training.common.jobparam: a deploy's and a `hetero job start`'s.
 _JOB_ID = re.compile(r"\b(?:d-[0-9a-f]{12}|j-\d{8}T\d{6}-[0-9a-z]+)\b")
 _PLACEHOLDER = re.compile(r"(\{[a-z_]+\})")
-_JOB_FOLDER = re.compile(r"^(checkpoints/(?:sagemaker/)?)[^/{]+(/|$)")
+# A job's folder under checkpoints/ (not init/: staged timm: inits, training/common/timm_hub.py).
+_JOB_FOLDER = re.compile(r"^(checkpoints/(?:sagemaker/)?)(?!init/)[^/{]+(/|$)")
+_SHA256 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Names:
         root = self.dataset.removeprefix("s3://").partition("/")[2] if self.dataset else ""
         if root and key.startswith(root):
             return "{dataset_root}/" + key[len(root) :]
+        key = _SHA256.sub("{digest}", key)
         return _JOB_ID.sub("{job}", _JOB_FOLDER.sub(r"\1{job}\2", key))
 
 

@@ -509,9 +509,9 @@ FOLDER = {"source": "folder", "path": "/data/train"}
         ),
         ({"model": {"init": " "}}, "job.model.init: empty; give a weights file or hub-form"),
         (
-            {"model": {"init": "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k"}},
-            "job.model.init: 'timm:vit_base_patch16_224.augreg2_in21k_ft_in1k': timm hub names "
-            "are not supported yet; save the weights with timm",
+            {"model": {"init": "timm:vit_base_patch16_224"}},
+            "job.model.init: 'timm:vit_base_patch16_224' is not timm:NAME.TAG: give a timm model "
+            "name with its pretrained tag, e.g. timm:vit_base_patch16_224.augreg2_in21k_ft_in1k",
         ),
         ({"model": {"init_ema": False}}, "job.model.init_ema: only applies with init"),
         ({"model": {"mean": [0.5, 0.5]}}, "job.model.mean: expected [R, G, B], each in [0, 1]"),

@@ -14,7 +14,11 @@ How a spec becomes one ``CreateTrainingJob`` request:
 - one subnet (collocation) and the cluster security group;
 - ``CheckpointConfig`` at a job-specific prefix under the bucket's ``checkpoints/`` prefix, and
   the same URI in ``HETERO_CHECKPOINT_URI`` so the trainer writes every host's shards there
-  itself (the container cannot see ``CheckpointConfig`` otherwise).
+  itself (the container cannot see ``CheckpointConfig`` otherwise);
+- a ``timm:NAME.TAG`` ``job.model.init`` is resolved here (the Hugging Face cache, or a download
+  into it) and staged at ``checkpoints/init/<sha256>/`` unless it is there already
+  (``training.common.timm_hub``; the job's subnet has no internet route), and
+  ``HETERO_INIT_URI`` names that folder.
 
 Prices: none are looked up. SageMaker bills its ``ml.*`` instances at SageMaker's own rates
 (https://aws.amazon.com/sagemaker/pricing/), not EC2's, and hetero reads neither SageMaker's
@@ -46,11 +50,22 @@ from training import instance_types
 from training.common import aws
 from training.common.names import (
     ENV_CHECKPOINT_URI,
+    ENV_INIT_URI,
     ENV_SPEC,
     SAGEMAKER_JOB_PREFIX,
     SAGEMAKER_SPEC_CHANNEL,
 )
 from training.common.s3 import s3_uri
+from training.common.timm_hub import (
+    HubInitError,
+    StagedInit,
+    StagingError,
+    human_size,
+    is_timm_init,
+    plan_staging,
+    resolve_timm_init,
+    upload_staged,
+)
 from training.launcher.plan import SAGEMAKER_CHECKPOINT_DIR
 from training.spec import ClusterSpec, DatasetSource, Market, load_spec
 
@@ -217,6 +232,7 @@ def submit(
         cloudformation, stack, region=region, deploy=f"npx cdk deploy -c spec={spec_path} {stack}"
     )
     name = job_name or default_job_name(spec.name, now)
+    init = _init_staging(spec, outputs["CheckpointUri"])
     plan = build_plan(
         spec,
         outputs,
@@ -226,17 +242,28 @@ def submit(
         max_wait_s=max_wait_s,
         volume_size_gb=volume_size_gb,
         rules=rules or SageMakerRules.from_service_model(sagemaker.meta.service_model),
+        init_uri=init.uri if init else None,
     )
     for warning in plan.warnings:
         log.warning("%s", warning)
     if dry_run:
         print(json.dumps(plan.request, indent=2))
+        staged = (
+            f", {init.hub.init} ({human_size(init.hub.size)}) to {init.uri} unless it is there,"
+            if init
+            else ""
+        )
         print(
-            f"dry run: would upload {spec_path} to s3://{plan.spec_bucket}/{plan.spec_key} and "
-            f"create the job above; nothing was created\n{PRICES_NOTE}",
+            f"dry run: would upload {spec_path} to s3://{plan.spec_bucket}/{plan.spec_key}"
+            f"{staged} and create the job above; nothing was created\n{PRICES_NOTE}",
             file=sys.stderr,
         )
         return 0
+    if init is not None:
+        try:
+            init = upload_staged(init, s3)
+        except StagingError as e:
+            raise SubmitError(str(e)) from e
     s3.put_object(Bucket=plan.spec_bucket, Key=plan.spec_key, Body=Path(spec_path).read_bytes())
     sagemaker.create_training_job(**plan.request)
     print(f"created SageMaker training job {name}")
@@ -245,8 +272,22 @@ def submit(
         f"  status:  aws sagemaker describe-training-job --training-job-name {name} "
         f"--region {region}"
     )
+    if init is not None:
+        print(f"  job.model.init: {init.describe()}")
     print(f"  {PRICES_NOTE}")
     return 0
+
+
+def _init_staging(spec: ClusterSpec, checkpoint_base_uri: str) -> StagedInit | None:
+    """A ``timm:`` init resolved on this machine and where it is staged (nothing uploaded yet);
+    None for any other init. ``SubmitError`` naming the fix when it cannot be resolved."""
+    if not is_timm_init(spec.job.model.init):
+        return None
+    try:
+        hub = resolve_timm_init(str(spec.job.model.init))
+    except HubInitError as e:
+        raise SubmitError(f"job.model.init = {e}") from None
+    return plan_staging(hub, checkpoint_base_uri)
 
 
 def stack_outputs(
@@ -299,9 +340,11 @@ def build_plan(
     max_run_s: int = DEFAULT_MAX_RUN_S,
     max_wait_s: int | None = None,
     volume_size_gb: int = DEFAULT_VOLUME_GB,
+    init_uri: str | None = None,
 ) -> SubmitPlan:
     """The ``CreateTrainingJob`` request for ``spec`` on the stack's resources (pure: nothing
-    is called). Every problem found is reported together in one ``SubmitError``."""
+    is called). ``init_uri``: where a ``timm:`` init is staged (``HETERO_INIT_URI``). Every
+    problem found is reported together in one ``SubmitError``."""
     problems: list[str] = []
     warnings: list[str] = []
 
@@ -409,6 +452,7 @@ def build_plan(
         "Environment": {
             ENV_SPEC: f"{CONTAINER_INPUT_DIR}/{SAGEMAKER_SPEC_CHANNEL}/{spec_file_name}",
             ENV_CHECKPOINT_URI: checkpoint_uri,
+            **({ENV_INIT_URI: init_uri} if init_uri else {}),
         },
     }
     return SubmitPlan(

@@ -20,13 +20,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    init_line = None
     if spec.job.model.init and not spec.job.model.init.startswith("s3://"):
-        # Local weights are read now, so a bad init fails here, before anything is deployed;
-        # an s3:// one waits for the trainer (spec check asks AWS nothing). Deferred: torch and
-        # timm load only for such specs.
+        # Local weights (and a timm: init, through the Hugging Face cache) are read now, so a
+        # bad init fails here, before anything is deployed; an s3:// one waits for the trainer
+        # (spec check asks AWS nothing). Deferred: torch and timm load only for such specs.
         from training.trainer.model import check_init
 
-        check_init(spec)  # SpecError: reported by training/cli.py like any spec problem
+        weights = check_init(spec)  # SpecError: reported by training/cli.py like any problem
+        if weights is not None and weights.hub is not None:
+            init_line = (
+                f"job.model.init {weights.hub.describe()}; hetero job start and hetero "
+                "sagemaker submit stage it into the checkpoint bucket (init/<sha256>/), cdk "
+                "deploy as a CDK asset, for instances without internet; hetero local reads it "
+                "from the cache"
+            )
     priced = offline_prices(spec)  # offline: spec check never asks AWS
     table = Table(title=f"{spec.name} ({spec.source})")
     for col in ("group", "role", "instance types", "count", "market", "EFA", "ranks", "max USD/h"):
@@ -75,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     )
     # The one cost that does not end with the job: the network stack's interface endpoints.
     console.print(network_cost_line(spec, args.spec), markup=False)
+    if init_line is not None:
+        console.print(init_line, markup=False, highlight=False, soft_wrap=True)  # a path
     # Advice, not errors: the spec is valid and deploys; the exit code stays 0.
     for g in spec.groups:
         if g.placement_warning:

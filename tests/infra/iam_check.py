@@ -31,6 +31,7 @@ SIMULATOR = Path(__file__).resolve().parent / "iam_simulate.mjs"
 
 # The values a placeholder of the record takes in the evaluation (tests/aws_calls.py).
 JOB = "d-0123456789ab"
+DIGEST = "0123456789abcdef" * 4
 INSTANCE = "i-0123456789abcdef0"
 NUMBER = "7"
 
@@ -92,6 +93,7 @@ class Stack:
             "{dataset_root}/": dataset_root,
             "{cluster}": self.cluster,
             "{job}": JOB,
+            "{digest}": DIGEST,
             "{instance}": INSTANCE,
             "{n}": NUMBER,
         }.items():

@@ -11,7 +11,9 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
      "max_hours": null,
      "prices": [{"group": "trainer", "instance_type": "g5.xlarge", "market": "spot",
                  "count": 2, "usd_per_hour": 0.4321, "source": "spot-price-history",
-                 "as_of": "2026-11-22T10:00:00Z"}, ...]}
+                 "as_of": "2026-11-22T10:00:00Z"}, ...],
+     "init": "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k",
+     "init_uri": "s3://bucket/checkpoints/init/<sha256>/"}
 
 - ``job_id``: ``d-<first 12 hex of sha256(spec)>`` for the job a deploy starts (the same spec
   deploys the same id, so CloudFormation sees no change), ``j-<UTC yyyymmddTHHMMSS>-<4 hex>``
@@ -30,6 +32,12 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
   created (a CloudFormation template cannot ask AWS for prices), whose budget then prices the
   groups from the dated offline catalogue (``training.launcher.budget``). A few hundred bytes a
   group, well inside a standard parameter's 4 KB.
+- ``init``, ``init_uri``: for a spec whose ``job.model.init`` is ``timm:NAME.TAG``, that value
+  and where the job reads its files, staged in S3 because the instances have no internet route
+  (``training.common.timm_hub``): ``hetero job start`` puts them in the checkpoint bucket
+  (``<checkpoint prefix>/init/<sha256>/``), a deploy in the CDK asset bucket (a zip,
+  ``infra/init_asset.py``). The launcher hands ``init_uri`` to the trainer (``HETERO_INIT_URI``)
+  when ``init`` is its spec's. Absent for any other spec.
 
 The stack creates the parameter (``infra/job.py``); ``hetero job start`` overwrites it; the
 launcher reads it when it starts and at every generation boundary (``JobWatch``), so a host
@@ -111,12 +119,14 @@ class JobPointer:
     max_usd: float | None = None
     max_hours: float | None = None
     prices: tuple[GroupPrice, ...] | None = None
+    init: str | None = None
+    init_uri: str | None = None
 
     def to_json(self) -> str:
-        """The parameter's value (keys in the documented order; the caps and the prices only
-        when set, so a deploy's pointer is what it was before they existed)."""
+        """The parameter's value (keys in the documented order; the caps, the prices and the
+        staged init only when set, so a deploy's pointer is what it was before they existed)."""
         value = asdict(self)
-        for optional in ("max_usd", "max_hours", "prices"):
+        for optional in ("max_usd", "max_hours", "prices", "init", "init_uri"):
             if value[optional] is None:
                 del value[optional]
         return json.dumps(value)
@@ -173,6 +183,16 @@ def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPoi
         if cap is not None and (not _is_number(cap) or not cap > 0):
             problems.append(f"{key} must be a number above 0 or null (got {cap!r})")
     prices = _parse_prices(value.get("prices"), problems)
+    init, init_uri = value.get("init"), value.get("init_uri")
+    if (init is None) != (init_uri is None) or (
+        init is not None and not (isinstance(init, str) and init.strip())
+    ):
+        problems.append(
+            f"init and init_uri go together: job.model.init and where it is staged (got init "
+            f"{init!r}, init_uri {init_uri!r})"
+        )
+    elif init_uri is not None and not (isinstance(init_uri, str) and init_uri.startswith("s3://")):
+        problems.append(f"init_uri must be an s3:// URI (got {init_uri!r})")
     if problems:
         raise JobPointerError(f"{source} is not a valid job pointer: {'; '.join(problems)}; {_FIX}")
     return JobPointer(
@@ -183,6 +203,8 @@ def parse_job_pointer(text: str, *, source: str = "the job parameter") -> JobPoi
         max_usd=_float_or_none(value.get("max_usd")),
         max_hours=_float_or_none(value.get("max_hours")),
         prices=prices,
+        init=init,
+        init_uri=init_uri,
     )
 
 
@@ -246,11 +268,20 @@ def deployed_job_id(spec_text: str) -> str:
     return DEPLOYED_ID_PREFIX + hashlib.sha256(spec_text.encode()).hexdigest()[:12]
 
 
-def deployed_job_pointer(spec_text: str, checkpoint_base_uri: str) -> JobPointer:
-    """The pointer the stack writes: ``started`` is null, there is no deploy time to record."""
+def deployed_job_pointer(
+    spec_text: str,
+    checkpoint_base_uri: str,
+    *,
+    init: str | None = None,
+    init_uri: str | None = None,
+) -> JobPointer:
+    """The pointer the stack writes: ``started`` is null, there is no deploy time to record;
+    ``init``/``init_uri``: a ``timm:`` init and its staged copy."""
     job_id = deployed_job_id(spec_text)
     base = checkpoint_base_uri if checkpoint_base_uri.endswith("/") else checkpoint_base_uri + "/"
-    return JobPointer(job_id=job_id, checkpoint_uri=f"{base}{job_id}/")
+    return JobPointer(
+        job_id=job_id, checkpoint_uri=f"{base}{job_id}/", init=init, init_uri=init_uri
+    )
 
 
 def read_job_pointer(ssm: Any, name: str) -> JobPointer:

@@ -20,6 +20,7 @@ from training.common.names import (
     ENV_CHECKPOINT_URI,
     ENV_CLUSTER,
     ENV_GROUP,
+    ENV_INIT_URI,
     ENV_INSTANCE_ID,
     ENV_JOB_PARAMETER,
     ENV_LIFECYCLE_HOOK,
@@ -57,6 +58,23 @@ def record_location(environ: Mapping[str, str], spec: ClusterSpec) -> str | None
     """Where the job record lives: beside the checkpoints (``HETERO_CHECKPOINT_URI``, else the
     spec's checkpoint folder)."""
     return environ.get(ENV_CHECKPOINT_URI, "").strip() or spec.job.checkpoint.dir or None
+
+
+def staged_init(pointer: jobparam.JobPointer, spec: ClusterSpec) -> str | None:
+    """Where this job reads ``job.model.init``: the pointer's ``init_uri`` (a ``timm:`` init
+    staged in S3, ``training.common.timm_hub``) when the pointer's ``init`` is this spec's;
+    otherwise None (and a warning when the pointer has a staged init for another spec)."""
+    if pointer.init_uri is None:
+        return None
+    if pointer.init != spec.job.model.init:
+        log.warning(
+            "job %s staged job.model.init %r at %s, but this instance's spec has %r: not used "
+            "(start jobs with the deployed spec)",
+            pointer.job_id, pointer.init, pointer.init_uri, spec.job.model.init,
+        )  # fmt: skip
+        return None
+    log.info("job.model.init %s: the job reads its staged copy %s", pointer.init, pointer.init_uri)
+    return pointer.init_uri
 
 
 def _ec2_identity(identity: GroupIdentity, imds: ImdsClient) -> GroupIdentity:
@@ -188,6 +206,9 @@ def run_ec2(
         if stale is not None:
             return _replace_this_instance(stale, region, str(identity.instance_id), args.dry_run)
         environ[ENV_CHECKPOINT_URI] = pointer.checkpoint_uri
+        init_uri = staged_init(pointer, spec)
+        if init_uri is not None:
+            environ[ENV_INIT_URI] = init_uri
         job_watch = jobparam.JobWatch(ssm, parameter, pointer)
     if host is not None and host.problem is not None:
         return cannot_start(

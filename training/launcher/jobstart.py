@@ -18,7 +18,12 @@ groups back at their counts:
    ``[job.prices]`` first, the dated catalogue where AWS gives none, with a warning), for the
    pointer: the new job's budget is those prices (``--offline-prices``: the catalogue's, asking
    AWS nothing);
-5. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
+5. a spec whose ``job.model.init`` is ``timm:NAME.TAG``: resolve it here, through the Hugging
+   Face cache (or a download into it), and stage its files into the checkpoint bucket at
+   ``<checkpoint prefix>/init/<sha256>/`` unless they are there already
+   (``training.common.timm_hub``; the instances have no internet route); the pointer names
+   that folder (``init_uri``) beside the spec's value (``init``);
+6. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
    (pointer first: an instance that starts must read the new job); an elastic dataprep group
    (``min_count``/``max_count``) gets ``MinSize=min_size, MaxSize=max_size,
    DesiredCapacity=count``, the sizes the stack gives it (``group_sizes``). An earlier job's
@@ -34,7 +39,7 @@ The caller's credentials need ``ssm:GetParameter`` and ``ssm:PutParameter`` on t
 ``autoscaling:DeleteScheduledAction``, ``ec2:DescribeSpotPriceHistory`` and
 ``pricing:GetProducts`` (without them the prices fall back to the catalogue), and on
 the checkpoint bucket ``s3:ListBucket``, ``s3:GetObject``, ``s3:PutObject`` and
-``s3:DeleteObject`` (``--resume`` moves the record).
+``s3:DeleteObject`` (``--resume`` moves the record; a ``timm:`` init is looked for and uploaded).
 """
 
 from __future__ import annotations
@@ -58,6 +63,14 @@ from training.common.jobparam import (
 )
 from training.common.names import asg_name, job_parameter_name
 from training.common.s3 import list_keys, parse_s3_uri, s3_uri
+from training.common.timm_hub import (
+    HubInitError,
+    StagedInit,
+    StagingError,
+    is_timm_init,
+    resolve_timm_init,
+    stage_timm_init,
+)
 from training.launcher.backstop import remove_backstop
 from training.prices import Priced, offline_prices, price_groups, price_lines, pricing_client
 from training.spec import ClusterSpec, InstanceGroup, load_spec
@@ -90,6 +103,8 @@ class StartedJob:
     priced: Priced
     """Every group's price at its most (also in ``pointer.prices``), and why a price is the
     catalogue's."""
+    init: StagedInit | None = None
+    """A ``timm:`` init's staged copy (also in ``pointer.init_uri``); None for other specs."""
 
 
 def group_sizes(group: InstanceGroup) -> tuple[int, int, int]:
@@ -227,6 +242,12 @@ def start_job(
     for flag, cap in (("--max-usd", max_usd), ("--max-hours", max_hours)):
         if cap is not None and not cap > 0:
             raise JobStartError(f"{flag} must be above 0, got {cap:g}")
+    hub = None
+    if is_timm_init(spec.job.model.init):
+        try:  # On this machine, before anything changes: the instances cannot download it.
+            hub = resolve_timm_init(str(spec.job.model.init))
+        except HubInitError as e:
+            raise JobStartError(f"job.model.init = {e}") from None
     name = job_parameter_name(spec.name)
     previous = read_job_pointer(ssm, name)
     found = check_groups(
@@ -254,7 +275,17 @@ def start_job(
         if fresh
         else (previous.checkpoint_uri, previous.job_id)
     )
-    pointer = JobPointer(job_id, uri, started, resumed, max_usd, max_hours, priced.prices)
+    init: StagedInit | None = None
+    if hub is not None:
+        _split_s3(previous.checkpoint_base)
+        try:
+            init = stage_timm_init(hub, s3=s3, checkpoint_base_uri=previous.checkpoint_base)
+        except StagingError as e:
+            raise JobStartError(str(e)) from e
+    pointer = JobPointer(
+        job_id, uri, started, resumed, max_usd, max_hours, priced.prices,
+        init=init.hub.init if init else None, init_uri=init.uri if init else None,
+    )  # fmt: skip
     if fresh:
         _split_s3(pointer.checkpoint_uri)  # Refuse a non-S3 folder before anything changes.
     else:
@@ -285,7 +316,7 @@ def start_job(
             f"job {job_id} is the current job now ({name}), but these groups were not scaled: "
             f"{'; '.join(failed)}. Fix the cause and set the sizes:\n{fix}"
         )
-    return StartedJob(pointer, previous, moved, history_uri, groups, priced)
+    return StartedJob(pointer, previous, moved, history_uri, groups, priced, init)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -373,6 +404,8 @@ def report(started: StartedJob, *, spec_path: str) -> str:
         + (f" (resumes job {p.resumed_from})" if p.resumed_from else " (fresh, from step 0)"),
         f"checkpoints: {p.checkpoint_uri}",
     ]
+    if started.init is not None:
+        lines.append(f"job.model.init: {started.init.describe()}")
     caps = [f"{k} {v:g}" for k, v in (("max_usd", p.max_usd), ("max_hours", p.max_hours)) if v]
     if caps:
         lines.append(f"budget: {', '.join(caps)} (instead of the spec's)")

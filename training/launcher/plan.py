@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from training.common.names import ENV_CHECKPOINT_URI, ENV_REGION
+from training.common.names import ENV_CHECKPOINT_URI, ENV_INIT_URI, ENV_REGION
 from training.common.s3 import is_s3_uri
 from training.dataplane.autoscale import backend_arg
 from training.launcher import efa, peers, roles
@@ -105,6 +105,10 @@ def make_plan(
                 env.setdefault(ENV_REGION, identity.region)
         # EFA or TCP sockets, decided once at start-up: FI_* variables only where EFA works.
         env.update(efa_env or {})
+        # A timm: init's staged copy, from the job pointer (the EC2 launcher puts it here).
+        init_uri = environ.get(ENV_INIT_URI, "").strip()
+        if init_uri:
+            env[ENV_INIT_URI] = init_uri
         cmd = roles.trainer_command(
             spec,
             spec_path=spec_path,

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from training.common.s3 import is_s3_uri
+from training.common.timm_hub import HubInitError, is_timm_init, timm_model_name
 from training.spec.augmentation import _parse_augmentation
 from training.spec.enums import (
     DatasetSource,
@@ -32,9 +33,6 @@ from training.spec.schema import (
     ParallelismSpec,
     PricesSpec,
 )
-
-TIMM_SCHEME = "timm:"
-"""``job.model.init = "timm:NAME.TAG"``: weights from timm's hub (not supported yet)."""
 
 
 def _parse_job(r: _Reader, t: Mapping[str, Any]) -> JobSpec:
@@ -182,13 +180,13 @@ def _parse_model(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> ModelSpec:
                 "empty; give a weights file or hub-form folder (path or s3:// URI), or remove it",
             )
             init = None
-        elif init is not None and init.strip().startswith(TIMM_SCHEME):
-            r.problem(
-                "init",
-                f"{init!r}: timm hub names are not supported yet; save the weights with timm "
-                "(timm.models.save_for_hf(timm.create_model(NAME, pretrained=True), DIR, "
-                "safe_serialization=True)) and give DIR or its s3:// copy",
-            )
+        elif is_timm_init(init):
+            # The form only: timm's registry and the Hugging Face cache are asked by
+            # `hetero spec check` (training.trainer.model.check_init), not by every spec reader.
+            try:
+                timm_model_name(str(init))
+            except HubInitError as e:
+                r.problem("init", str(e))
         init_ema = r.get(model_t, "init_ema", bool, d.model.init_ema)
         if "init_ema" in model_t and init is None:
             r.problem("init_ema", "only applies with init (a train.py checkpoint); remove it")

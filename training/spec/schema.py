@@ -120,11 +120,14 @@ class ModelSpec:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``timm.create_model`` (e.g. ``depth``, ``embed_dim``, ``img_size``)."""
     init: str | None = None
-    """Start from these weights, a local path or an ``s3://`` URI: a hub-form folder
-    (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, as timm's ``save_for_hf``
-    and this project's export write them) or a file timm's ``load_state_dict`` reads
-    (``.safetensors``, ``.pth``, ``.bin``, a ``train.py`` checkpoint ``*.pth.tar``); the classifier
-    is re-initialised when its class count differs (``training.trainer.init_weights``)."""
+    """Start from these weights: ``timm:NAME.TAG`` (a timm model's pretrained weights on the
+    Hugging Face Hub, resolved through the user's Hugging Face cache where the job is started
+    and staged into S3 for the instances: ``training.common.timm_hub``), or a local path or an
+    ``s3://`` URI of a hub-form folder (``config.json`` + ``model.safetensors`` or
+    ``pytorch_model.bin``, as timm's ``save_for_hf`` and this project's export write them) or of
+    a file timm's ``load_state_dict`` reads (``.safetensors``, ``.pth``, ``.bin``, a ``train.py``
+    checkpoint ``*.pth.tar``); the classifier is re-initialised when its class count differs
+    (``training.trainer.init_weights``)."""
     init_ema: bool = True
     """From a ``train.py`` checkpoint that holds both, take its EMA weights (``state_dict_ema``,
     as timm's ``load_checkpoint(use_ema=True)`` does); false: its raw ``state_dict``."""

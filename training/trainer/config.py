@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.common.names import ENV_BUDGET_DEADLINE, ENV_CLUSTER, ENV_SAMPLE_LOG_DIR
+from training.common.names import (
+    ENV_BUDGET_DEADLINE,
+    ENV_CLUSTER,
+    ENV_INIT_URI,
+    ENV_SAMPLE_LOG_DIR,
+)
 from training.common.s3 import is_s3_uri, parse_s3_uri
 from training.dataplane.discovery import parse_discovery
 from training.spec import ClusterSpec, GradCompression, Parallelism, Precision
@@ -66,9 +71,12 @@ class ModelConfig:
     num_classes: int
     """Classifier width (``job.dataset.num_classes``)."""
     init: str | None = None
-    """Start from these weights (``job.model.init``): a hub-form folder or a weights file, a
-    path or ``s3://`` URI (``training.trainer.init_weights``); ``training.trainer.model`` loads
-    it."""
+    """Start from these weights (``job.model.init``): ``timm:NAME.TAG``, a hub-form folder or a
+    weights file, a path or ``s3://`` URI (``training.trainer.init_weights``);
+    ``training.trainer.model`` loads it."""
+    init_uri: str | None = None
+    """Where ``init``'s files are read instead (``HETERO_INIT_URI``: the copy of a ``timm:`` init
+    staged in S3, ``training.common.timm_hub``); None: where ``init`` says."""
     init_ema: bool = True
     """From a ``train.py`` checkpoint, its EMA weights when it has them (``job.model.init_ema``)."""
     drop_rate: float | None = None
@@ -237,6 +245,12 @@ class TrainerConfig:
             problems.append(f"{ENV_MIN_STEP_S}: {e}")
             pace = ()
         cluster_env = env.get(ENV_CLUSTER, "").strip()
+        init_uri = env.get(ENV_INIT_URI, "").strip() or None
+        if init_uri is not None and not job.model.init:
+            problems.append(
+                f"{ENV_INIT_URI} = {init_uri!r} names a staged copy of job.model.init, but the "
+                "spec has no init; unset it or give the spec that was deployed"
+            )
         # EMF lines only where CloudWatch Logs reads stdout (the stack sets HETERO_CLUSTER) or
         # where asked for; a local run's console stays free of them.
         emf_on = emf if emf is not None else bool(cluster_env)
@@ -305,6 +319,7 @@ class TrainerConfig:
                 image_size=job.dataset.image_size,
                 num_classes=job.dataset.num_classes,
                 init=job.model.init,
+                init_uri=init_uri,
                 init_ema=job.model.init_ema,
                 drop_rate=job.model.drop_rate,
                 drop_path_rate=job.model.drop_path_rate,

@@ -1,6 +1,8 @@
 """``job.model.init``: the weights a fine-tune starts from, in the forms users have them.
 
-``job.model.init`` is a local path or an ``s3://`` URI of:
+``job.model.init`` is ``timm:NAME.TAG`` (a timm model's pretrained weights on the Hugging Face
+Hub: their hub-form folder in the Hugging Face cache, ``training.common.timm_hub``; on AWS the
+copy staged in S3, ``ModelConfig.init_uri``), or a local path or an ``s3://`` URI of:
 
 - a hub-form folder, as timm's ``save_for_hf`` / ``push_to_hf_hub`` (and this project's export)
   write one: ``config.json`` and ``model.safetensors``, else ``pytorch_model.bin``. An ``s3://``
@@ -10,7 +12,9 @@
   ``train.py`` (``checkpoint-*.pth.tar``, ``model_best.pth.tar``: ``state_dict`` and, trained
   with ``--model-ema``, ``state_dict_ema``). From a checkpoint that holds both, the EMA weights
   are taken unless ``job.model.init_ema`` is false, as timm's ``load_checkpoint(use_ema=...)``
-  does. A ``config.json`` beside a file is read too.
+  does. A ``config.json`` beside a file is read too;
+- a zipped hub-form folder (``.zip``: what ``cdk deploy`` stages a ``timm:`` init as), which is
+  extracted into the temporary folder and read as a folder.
 
 ``read_init`` reads the tensors with timm's ``load_state_dict`` and
 ``torch.load(weights_only=True)`` (a file may hold tensors and plain data, ``train.py``'s
@@ -30,6 +34,7 @@ import argparse
 import contextlib
 import json
 import logging
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +46,7 @@ from timm.models import clean_state_dict, get_pretrained_cfg, load_state_dict
 from timm.models._hub import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 
 from training.common import aws, s3
+from training.common.timm_hub import HubInit, HubInitError, is_timm_init, resolve_timm_init
 from training.trainer.config import ConfigError, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -55,8 +61,11 @@ WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pth.tar", ".pt", ".bin")
 FORMS = (
     "a hub-form folder (config.json + model.safetensors or pytorch_model.bin, as "
     "timm.models.save_for_hf writes) or a weights file timm reads (.safetensors, .pth, "
-    ".pth.tar from timm's train.py, .bin), a local path or s3:// URI"
+    ".pth.tar from timm's train.py, .bin), a local path or s3:// URI, or timm:NAME.TAG (a timm "
+    "model's pretrained weights on the Hugging Face Hub)"
 )
+ZIP_SUFFIX = ".zip"
+"""A zipped hub-form folder (a CDK directory asset: how ``cdk deploy`` stages a ``timm:`` init)."""
 _DATA_KEYS = ("mean", "std", "interpolation", "crop_pct")
 
 
@@ -86,6 +95,8 @@ class InitWeights:
     ``resolve_data_config``)."""
     data_from: str
     """Where ``data`` was read, for logs and ``DataConfig.origin``."""
+    hub: HubInit | None = None
+    """A ``timm:`` init read from the Hugging Face cache: its repository, files and size."""
 
 
 def read_init(config: ModelConfig, name: str, tmp: Path, *, tensors: bool = True) -> InitWeights:
@@ -95,7 +106,8 @@ def read_init(config: ModelConfig, name: str, tmp: Path, *, tensors: bool = True
     missing or in no format timm reads."""
     assert config.init
     uri = config.init.strip()
-    path, config_path, source = _fetch(uri, tmp)
+    location, hub = _location(config)
+    path, config_path, source = _fetch(location, tmp)
     file_config = _read_config(uri, config_path) if config_path is not None else None
     shapes, state, entry, args = _read_weights(uri, path, use_ema=config.init_ema, tensors=tensors)
     architecture, architecture_from = (file_config or {}).get("architecture"), "its config.json"
@@ -114,14 +126,35 @@ def read_init(config: ModelConfig, name: str, tmp: Path, *, tensors: bool = True
         model_args=model_args if isinstance(model_args, Mapping) else None,
         data=data,
         data_from=data_from,
+        hub=hub,
     )
 
 
 # -- where the files are ------------------------------------------------------------------------
 
 
+def _location(config: ModelConfig) -> tuple[str, HubInit | None]:
+    """Where ``config.init``'s files are: its staged copy (``init_uri``), the Hugging Face
+    cache's folder of a ``timm:`` init (downloaded into the cache when missing), or ``init``."""
+    assert config.init
+    uri = config.init.strip()
+    if config.init_uri:
+        log.info("%s = %r: reading its staged copy %s", INIT_FIELD, uri, config.init_uri)
+        return config.init_uri.strip(), None
+    if not is_timm_init(uri):
+        return uri, None
+    try:
+        hub = resolve_timm_init(uri)
+    except HubInitError as e:
+        raise ConfigError([f"{INIT_FIELD} = {e}"]) from None
+    log.info("%s = %s", INIT_FIELD, hub.describe())
+    return str(hub.folder), hub
+
+
 def _fetch(uri: str, tmp: Path) -> tuple[Path, Path | None, str]:
     """(local weights file, local config.json or None, the weights file's own location)."""
+    if uri.lower().endswith(ZIP_SUFFIX):
+        return _fetch_zip(uri, tmp)
     if s3.is_s3_uri(uri):
         return _fetch_s3(uri, tmp)
     path = Path(uri).expanduser()
@@ -140,6 +173,32 @@ def _fetch(uri: str, tmp: Path) -> tuple[Path, Path | None, str]:
         raise ConfigError([f"{INIT_FIELD} = {uri!r} is not a file or folder; give {FORMS}"])
     config = path.parent / CONFIG_FILE
     return path, config if config.is_file() else None, str(path)
+
+
+def _fetch_zip(uri: str, tmp: Path) -> tuple[Path, Path | None, str]:
+    """A zipped hub-form folder (local or in S3), extracted into ``tmp``, read as a folder."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    archive = Path(uri).expanduser()
+    if s3.is_s3_uri(uri):
+        try:
+            bucket, key = s3.parse_s3_object(uri)
+            archive = tmp / "init.zip"
+            aws.client().download_file(bucket, key, str(archive))
+        except (ValueError, ClientError, BotoCoreError) as e:
+            raise ConfigError([f"{INIT_FIELD}: cannot download {uri!r}: {e}"]) from e
+    folder = tmp / "init"
+    try:
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(folder)  # zipfile drops absolute paths and ".." from member names
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ConfigError(
+            [f"{INIT_FIELD}: {uri!r} is not a readable zip of a hub-form folder ({e})"]
+        ) from e
+    if archive.parent == tmp:
+        archive.unlink()  # the extracted files are what is read
+    path, config, _ = _fetch(str(folder), tmp)
+    return path, config, f"{path.name} in {uri}"
 
 
 def _fetch_s3(uri: str, tmp: Path) -> tuple[Path, Path | None, str]:
