@@ -11,7 +11,7 @@ timm's eval transform restated with ``torchvision.transforms``), never importing
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,25 +43,34 @@ class DigitsFolders:
         return self.train_count + self.val_count
 
 
-def write_digits(root: Path, *, val_every: int = 5, size: int = 32) -> DigitsFolders:
+def write_digits(
+    root: Path, *, val_every: int = 5, size: int = 32, classes: Iterable[int] | None = None
+) -> DigitsFolders:
     """Write scikit-learn's digits as ``size`` x ``size`` RGB PNGs (bicubic upscaling from 8 px) to
     ``root/train/<class>/<idx>.png`` and ``root/val/<class>/<idx>.png``, ``idx`` being the
     sample's index in ``load_digits``. Sample ``i`` goes to validation iff ``i % val_every == 0``:
-    a fixed split that never overlaps (with the default 5: 1,437 train, 360 val)."""
+    a fixed split that never overlaps (with the default 5: 1,437 train, 360 val). ``classes``
+    (default: all ten) writes only those digits, with the same split: two disjoint sets of
+    classes give two datasets that share no image and no class."""
     from sklearn.datasets import load_digits  # a dev dependency: imported only when used
 
     if val_every < 2:
         raise ValueError(f"val_every must be at least 2, got {val_every}")
     if size < 8:
         raise ValueError(f"size must be at least 8 (the digits are 8x8), got {size}")
+    labels = sorted(set(range(NUM_CLASSES) if classes is None else classes))
+    if not labels or not set(labels) <= set(range(NUM_CLASSES)):
+        raise ValueError(f"classes must be digits 0-9, at least one, got {labels}")
     digits = load_digits()
     images = np.rint(digits.images * (255 / _DIGITS_MAX)).astype(np.uint8)
     train_dir, val_dir = root / "train", root / "val"
     for split in (train_dir, val_dir):
-        for label in range(NUM_CLASSES):
+        for label in labels:
             (split / str(label)).mkdir(parents=True, exist_ok=True)
     counts = {train_dir: 0, val_dir: 0}
     for index, (pixels, label) in enumerate(zip(images, digits.target, strict=True)):
+        if int(label) not in labels:
+            continue
         split = val_dir if index % val_every == 0 else train_dir
         image = Image.fromarray(pixels).resize((size, size), _UPSCALE).convert("RGB")
         image.save(split / str(int(label)) / f"{index}.png")
