@@ -70,10 +70,10 @@ GPU_PEAKS: dict[str, GpuPeak] = {
 MFU_PRIOR = 0.35
 """*Estimate*: share of peak FLOP/s a ViT training step reaches (model FLOPs utilisation), used
 only for a model, image size and precision with no measured GPU run in
-``benchmarks/results/throughput.json``. ViT-B/16 at 224 px in bf16 has one: 0.263 on an H100,
-2026-11-27, ``python -m benchmarks trainer_gpu``, which ``throughput.calibrated_mfu`` uses
-instead. 0.35 is the project's H100 target (3,000 images/s for ViT-B/16, ~32 % MFU), rounded;
-the trainer reached 33.1 % there with ``job.compile`` on."""
+``benchmarks/results/throughput.json``. ViT-B/16 at 224 px in bf16 has one: 0.254 on an H100,
+2026-11-28 (batch 256, compile off), ``python -m benchmarks trainer_gpu``, which
+``throughput.calibrated_mfu`` uses instead. 0.35 is the project's H100 target (3,000 images/s
+for ViT-B/16, ~32 % MFU), rounded; the trainer reached 32.0 % there with ``job.compile`` on."""
 
 # --------------------------------------------------------------------------------------------
 # Models: timm ViT architectures, so parameters and FLOPs follow from the spec's model name.
