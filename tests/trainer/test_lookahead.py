@@ -94,9 +94,9 @@ def test_an_interruption_met_while_taking_ahead_is_raised_by_the_next_call() -> 
 def test_the_trainer_takes_the_next_batch_before_it_reads_the_step_on_the_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The order of the loop, as the stream and the host read see it: step k+1's batch is taken
-    before step k's loss and gradient norm are read (not after), except after the last step,
-    where no batch is taken at all."""
+    """The order of the loop on a GPU, as the stream and the host read see it: step k+1's batch
+    is taken before step k's loss and gradient norm are read (not after), except after the last
+    step, where no batch is taken at all."""
     spec = load_spec(write_spec(tmp_path, steps=3, batch_size=4))
     config = TrainerConfig.from_spec(spec, run_dir=tmp_path / "run", synthetic=True, environ={})
     events: list[str] = []
@@ -118,6 +118,8 @@ def test_the_trainer_takes_the_next_batch_before_it_reads_the_step_on_the_host(
 
     monkeypatch.setattr(nonfinite.StepNumbers, "read", staticmethod(read_step))
     trainer = Trainer(config, stream=stream)
+    assert trainer.take_ahead is False  # on the CPU: the read waits for nothing
+    trainer.take_ahead = True  # as on a GPU
     try:
         assert trainer.train() == 0
     finally:

@@ -159,19 +159,22 @@ def test_resume_on_three_servers_equals_an_uninterrupted_run_on_one(tmp_path: Pa
         assert torch.equal(one[key], three[key]), key
 
 
-def test_stop_while_waiting_for_data_checkpoints_the_position_after_the_last_applied_step(
-    tmp_path: Path,
+@pytest.mark.parametrize("take_ahead", [False, True], ids=["cpu", "gpu-order"])
+def test_stop_while_waiting_for_data_applies_no_step_without_its_batch(
+    tmp_path: Path, take_ahead: bool
 ) -> None:
     """The data servers are gone and the trainer waits for data; a stop request (SIGTERM's
-    flag) ends the wait at once. The trainer waits for the next step's first batch before it
-    applies the step in flight (``training.trainer.lookahead``), so that step is applied and the
-    run stops there: no step is applied without its batch, and the position to checkpoint is
-    just after the last applied step's batches."""
+    flag) ends the wait at once, no step is applied without its batch, and the position to
+    checkpoint is just after the last applied step's batches. On the CPU the trainer waits at
+    the start of the next step, which is then void (not applied). In a GPU's order
+    (``Trainer.take_ahead``) it waits for the next step's first batch before it applies the step
+    in flight, whose batches had all arrived: that step is applied and the run stops there."""
     source = PremadeBatchSource(SAMPLES, image_size=32, max_batch=8, num_classes=10)
     server, port = create_server(source, port=0)
     cfg = config(tmp_path, [f"127.0.0.1:{port}"], epochs=1000)
     cfg = dataclasses.replace(cfg, sample_log_dir=tmp_path / "samples")
     trainer = Trainer(cfg)
+    trainer.take_ahead = take_ahead
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(trainer.train()))
     try:
@@ -195,15 +198,17 @@ def test_stop_while_waiting_for_data_checkpoints_the_position_after_the_last_app
         thread.join(timeout=30)
         trainer.close()
         server.stop(0)
-    # The step whose batches had all arrived is applied; the one waited for is not.
-    assert result == [EXIT_STOPPED] and trainer.step == steps + 1
-    assert trainer.summary["stopped_by"] == "peer" and trainer.summary["steps"] == steps + 1
+    applied = steps + 1 if take_ahead else steps
+    assert result == [EXIT_STOPPED] and trainer.step == applied
+    assert trainer.summary["stopped_by"] == "peer" and trainer.summary["steps"] == applied
+    # A void step leaves its position from before it; a step boundary, the stream's own.
+    assert (trainer._data_state is not None) is not take_ahead
     saved = trainer._data()
     assert saved is not None and saved["client"] is not None
     consumed = sum(b - a for a, b in saved["client"]["consumed"])
     per_epoch = SAMPLES // 4
-    assert saved["epoch"] * per_epoch * 4 + consumed == trainer.step * 4
+    assert saved["epoch"] * per_epoch * 4 + consumed == applied * 4
     # The sample log has every applied step, and no other.
     logged = read_sample_log(tmp_path / "samples" / "rank-0.jsonl")
-    assert [line["step"] for line in logged] == list(range(1, trainer.step + 1))
+    assert [line["step"] for line in logged] == list(range(1, applied + 1))
     assert all(len(line["sample_ids"]) == 4 for line in logged)

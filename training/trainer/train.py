@@ -213,6 +213,10 @@ class Trainer:
         self._data_state: dict[str, Any] | None = None
         """The data position to checkpoint instead of the stream's (after a voided step)."""
         self.inputs = Lookahead(self.stream)  # the stream, read one batch ahead in the loop
+        self.take_ahead = self.device.type == "cuda"
+        """Take the next step's first batch before the host reads this step's numbers: on a GPU
+        that read waits for the step, and the batch is made meanwhile. On the CPU the read waits
+        for nothing, and taking the batch early would only make the data wait start earlier."""
 
         mean = torch.tensor(self.data.mean, device=self.device).view(1, 3, 1, 1)
         std = torch.tensor(self.data.std, device=self.device).view(1, 3, 1, 1)
@@ -384,7 +388,8 @@ class Trainer:
             # The total gradient norm before clipping (clipped to job.clip_grad_norm) and this
             # rank's loss, read on the host: every rank learns below whether any is not finite.
             grad_norm = clip_gradients(self.model, job.clip_grad_norm)
-            if not self.stop.local and (c.total_steps is None or self.step + 1 < c.total_steps):
+            more = c.total_steps is None or self.step + 1 < c.total_steps
+            if self.take_ahead and more and not self.stop.local:
                 # While the GPU still runs this step: the read below waits for it to finish.
                 interval.data_wait_s += self.inputs.take_ahead()
             numbers = StepNumbers.read(step_loss, grad_norm)
