@@ -22,6 +22,11 @@ source that answers wins:
 Each group's price is a ``GroupPrice`` (``training.common.jobparam``): ``hetero job start``
 records them in the job pointer, the launchers' budget (``training.launcher.budget``) and
 ``hetero status`` read them there.
+
+SageMaker bills its ``ml.*`` training instances at its own rates, not EC2's:
+``sagemaker_training_price`` reads them from the same Price List API (service
+``AmazonSageMaker``), for ``hetero sagemaker submit``'s ``job.max_usd``
+(``training.sagemaker_budget``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ PRICING_REGION = "us-east-1"
 """Where the pricing client is created: its endpoint serves every region's prices (the
 ``regionCode`` filter picks one)."""
 SPOT_PRODUCT = "Linux/UNIX"
+EC2_SERVICE_CODE = "AmazonEC2"
+SAGEMAKER_SERVICE_CODE = "AmazonSageMaker"
+"""The Price List's service codes (``DescribeServices``) of EC2 and of SageMaker."""
 MAX_ITEMS = 1000
 """Most prices read per request (paginated): a few types in one AZ need a handful."""
 
@@ -214,9 +222,33 @@ def hourly_usd(item: str) -> float | None:
 def on_demand_price(pricing: Any, instance_type: str, region: str) -> float | None:
     """The On-Demand price of ``instance_type`` in ``region`` from the Price List API (the
     highest, should several products match), or None when it lists none."""
+    return price_list_usd(pricing, EC2_SERVICE_CODE, on_demand_filters(instance_type, region))
+
+
+def sagemaker_training_filters(ml_type: str, region: str) -> list[dict[str, str]]:
+    """The GetProducts filters (service ``AmazonSageMaker``) that select SageMaker's
+    On-Demand training price of one ``ml.*`` instance in ``region``: the attributes AWS's own
+    SageMaker tooling filters on (``instanceName``, ``regionCode``, ``component``)."""
+    terms = {"instanceName": ml_type, "regionCode": region, "component": "Training"}
+    return [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()]
+
+
+def sagemaker_training_price(pricing: Any, ml_type: str, region: str) -> float | None:
+    """What SageMaker bills per hour for one ``ml_type`` instance of a training job in
+    ``region`` (On-Demand; the highest, should several products match), from the Price List
+    API; None when it lists none. SageMaker prices its ``ml.*`` instances itself, not at EC2's
+    rates (https://aws.amazon.com/sagemaker/pricing/)."""
+    return price_list_usd(
+        pricing, SAGEMAKER_SERVICE_CODE, sagemaker_training_filters(ml_type, region)
+    )
+
+
+def price_list_usd(pricing: Any, service_code: str, filters: list[dict[str, str]]) -> float | None:
+    """The highest hourly USD price among the Price List products of ``service_code`` that
+    match ``filters`` (paginated ``GetProducts``), or None when none has one."""
     pages = pricing.get_paginator("get_products").paginate(
-        ServiceCode="AmazonEC2",
-        Filters=on_demand_filters(instance_type, region),
+        ServiceCode=service_code,
+        Filters=filters,
         FormatVersion="aws_v1",
         PaginationConfig={"MaxItems": MAX_ITEMS},
     )

@@ -12,19 +12,18 @@ How a spec becomes one ``CreateTrainingJob`` request:
 - managed Spot (``EnableManagedSpotTraining``) only when every group is ``market = "spot"``:
   SageMaker's switch is per job, not per instance group, so a mixed spec runs On-Demand;
 - one subnet (collocation) and the cluster security group;
-- ``CheckpointConfig`` at a job-specific prefix under the bucket's ``checkpoints/`` prefix, and
-  the same URI in ``HETERO_CHECKPOINT_URI`` so the trainer writes every host's shards there
-  itself (the container cannot see ``CheckpointConfig`` otherwise);
+- ``StoppingCondition.MaxRuntimeInSeconds``: ``--max-run``, or less where the spec's
+  ``job.max_hours`` / ``job.max_usd`` allow less (``training.sagemaker_budget``: SageMaker stops
+  the job there; ``job.max_usd`` is priced at SageMaker's own training rates, read from the Price
+  List API, and refused when they cannot be read);
+- ``CheckpointConfig`` at a job-specific prefix under the bucket's ``checkpoints/`` prefix (with
+  ``--resume JOB``: JOB's, read with ``DescribeTrainingJob``, so the job continues from JOB's
+  newest checkpoint), and the same URI in ``HETERO_CHECKPOINT_URI`` so the trainer writes every
+  host's shards there itself (the container cannot see ``CheckpointConfig`` otherwise);
 - a ``timm:NAME.TAG`` ``job.model.init`` is resolved here (the Hugging Face cache, or a download
   into it) and staged at ``checkpoints/init/<sha256>/`` unless it is there already
   (``training.common.timm_hub``; the job's subnet has no internet route), and
   ``HETERO_INIT_URI`` names that folder.
-
-Prices: none are looked up. SageMaker bills its ``ml.*`` instances at SageMaker's own rates
-(https://aws.amazon.com/sagemaker/pricing/), not EC2's, and hetero reads neither SageMaker's
-Price List nor a catalogue of them, so the output says so (``PRICES_NOTE``) rather than show
-EC2's figures. The budget (``job.max_usd`` / ``job.max_hours``) is kept by the EC2 launchers
-only: on SageMaker, ``--max-run`` is what stops the job, and a spec with a cap is warned.
 
 Which instance types SageMaker offers: the ``TrainingInstanceType`` enum of the SageMaker
 service model in the installed botocore (the same list the API reference publishes). A type
@@ -48,6 +47,7 @@ from typing import Any
 
 from training import instance_types
 from training.common import aws
+from training.common.jobparam import GroupPrice
 from training.common.names import (
     ENV_CHECKPOINT_URI,
     ENV_INIT_URI,
@@ -67,7 +67,9 @@ from training.common.timm_hub import (
     upload_staged,
 )
 from training.launcher.plan import SAGEMAKER_CHECKPOINT_DIR
-from training.spec import ClusterSpec, DatasetSource, Market, load_spec
+from training.prices import pricing_client
+from training.sagemaker_budget import PriceError, price_job, runtime_limit
+from training.spec import ClusterSpec, DatasetSource, InstanceGroup, Market, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +92,8 @@ REQUIRED_OUTPUTS = (
 )
 """Cluster stack outputs the request is built from (``infra/stacks.py``)."""
 
-
-PRICES_NOTE = (
-    "prices: not looked up; SageMaker bills ml.* instances at its own rates "
-    "(https://aws.amazon.com/sagemaker/pricing/), which hetero does not read"
-)
+RUNNING_STATUSES = frozenset({"InProgress", "Stopping"})
+"""``TrainingJobStatus`` values of a job that may still write its checkpoints."""
 
 
 class SubmitError(RuntimeError):
@@ -133,6 +132,8 @@ class SubmitPlan:
     spec_key: str
     """Where the spec file is uploaded (the ``spec`` channel's prefix plus its file name)."""
     warnings: tuple[str, ...]
+    budget: tuple[str, ...] = ()
+    """The plan's lines on what stops the job (``RuntimeLimit.lines``) and what it resumes."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +168,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "at least --max-run (default: twice --max-run)",
     )
     submit.add_argument(
+        "--resume",
+        metavar="JOB",
+        help="continue the earlier training job JOB (of this spec, ended) from its newest "
+        "checkpoint: the new job reads and writes JOB's checkpoint prefix (DescribeTrainingJob)",
+    )
+    submit.add_argument(
         "--volume-size-gb",
         type=int,
         default=DEFAULT_VOLUME_GB,
@@ -176,7 +183,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     submit.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the CreateTrainingJob request as JSON; call nothing but DescribeStacks",
+        help="print the CreateTrainingJob request as JSON; only read (DescribeStacks, and "
+        "GetProducts for job.max_usd, DescribeTrainingJob for --resume), create nothing",
     )
 
 
@@ -195,10 +203,12 @@ def run(args: argparse.Namespace) -> int:
             max_run_s=args.max_run,
             max_wait_s=args.max_wait,
             volume_size_gb=args.volume_size_gb,
+            resume=args.resume,
             dry_run=args.dry_run,
             cloudformation=aws.client("cloudformation"),
             s3=aws.client("s3"),
             sagemaker=aws.client("sagemaker"),
+            pricing=pricing_client(),
         )
     except SubmitError as e:
         print(f"hetero sagemaker submit: {e}", file=sys.stderr)
@@ -214,17 +224,21 @@ def submit(
     cloudformation: Any,
     s3: Any,
     sagemaker: Any,
+    pricing: Any = None,
     stack_name: str | None = None,
     job_name: str | None = None,
     max_run_s: int = DEFAULT_MAX_RUN_S,
     max_wait_s: int | None = None,
     volume_size_gb: int = DEFAULT_VOLUME_GB,
+    resume: str | None = None,
     dry_run: bool = False,
     rules: SageMakerRules | None = None,
     now: datetime | None = None,
 ) -> int:
-    """Describe the stack, build the request, then (unless ``dry_run``) upload the spec and
-    create the job. Raises ``SubmitError`` (nothing created) or botocore's errors."""
+    """Describe the stack (and ``resume``'s job), price the job where ``job.max_usd`` needs it
+    (``pricing``: the Price List client), build the request, then (unless ``dry_run``) upload
+    the spec and create the job. Raises ``SubmitError`` (nothing created) or botocore's
+    errors."""
     spec = load_spec(spec_path)
     stack = stack_name or f"{spec.name}-cluster"
     region = sagemaker.meta.region_name
@@ -232,6 +246,9 @@ def submit(
         cloudformation, stack, region=region, deploy=f"npx cdk deploy -c spec={spec_path} {stack}"
     )
     name = job_name or default_job_name(spec.name, now)
+    rules = rules or SageMakerRules.from_service_model(sagemaker.meta.service_model)
+    resumed = resume_checkpoints(sagemaker, resume, outputs["CheckpointUri"]) if resume else None
+    prices = _job_prices(spec, rules, pricing, region, now)
     init = _init_staging(spec, outputs["CheckpointUri"])
     plan = build_plan(
         spec,
@@ -241,8 +258,10 @@ def submit(
         max_run_s=max_run_s,
         max_wait_s=max_wait_s,
         volume_size_gb=volume_size_gb,
-        rules=rules or SageMakerRules.from_service_model(sagemaker.meta.service_model),
+        rules=rules,
         init_uri=init.uri if init else None,
+        prices=prices,
+        resumed=resumed,
     )
     for warning in plan.warnings:
         log.warning("%s", warning)
@@ -255,7 +274,9 @@ def submit(
         )
         print(
             f"dry run: would upload {spec_path} to s3://{plan.spec_bucket}/{plan.spec_key}"
-            f"{staged} and create the job above; nothing was created\n{PRICES_NOTE}",
+            f"{staged} and create the job above; nothing was created",
+            *plan.budget,
+            sep="\n",
             file=sys.stderr,
         )
         return 0
@@ -274,8 +295,80 @@ def submit(
     )
     if init is not None:
         print(f"  job.model.init: {init.describe()}")
-    print(f"  {PRICES_NOTE}")
+    for line in plan.budget:
+        print(f"  {line}")
     return 0
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The earlier job a submission continues (``--resume``)."""
+
+    job_name: str
+    checkpoint_uri: str
+    """Its ``CheckpointConfig.S3Uri``: the first job's prefix along a chain of resumes."""
+    status: str
+    """``TrainingJobStatus``, and the secondary status where it says more (e.g. ``Stopped,
+    MaxRuntimeExceeded``)."""
+
+
+def resume_checkpoints(sagemaker: Any, job_name: str, checkpoint_base_uri: str) -> Resumed:
+    """Where ``job_name`` kept its checkpoints (``DescribeTrainingJob``); ``SubmitError``
+    naming the fix when it does not exist, may still be writing them (in progress or
+    stopping), or is not a job of this stack's bucket."""
+    from botocore.exceptions import ClientError
+
+    try:
+        job = sagemaker.describe_training_job(TrainingJobName=job_name)
+    except ClientError as e:
+        # SageMaker answers a name it does not know with ValidationException.
+        if e.response.get("Error", {}).get("Code") == "ValidationException":
+            raise SubmitError(
+                f"--resume {job_name}: SageMaker has no training job of that name in "
+                f"{sagemaker.meta.region_name} ({e.response['Error'].get('Message', '')}); name "
+                "an earlier job of this spec (aws sagemaker list-training-jobs)"
+            ) from e
+        raise
+    status = job.get("TrainingJobStatus", "?")
+    secondary = job.get("SecondaryStatus")
+    shown = status if secondary in (None, status) else f"{status}, {secondary}"
+    if status in RUNNING_STATUSES:
+        raise SubmitError(
+            f"--resume {job_name}: that job is {shown} and may still write its checkpoints; "
+            f"wait until it ends, or stop it (aws sagemaker stop-training-job "
+            f"--training-job-name {job_name}) and submit again once it is Stopped"
+        )
+    uri = (job.get("CheckpointConfig") or {}).get("S3Uri", "")
+    base = f"{checkpoint_base_uri.rstrip('/')}/{SAGEMAKER_JOB_PREFIX}/"
+    if not uri.startswith(base):
+        raise SubmitError(
+            f"--resume {job_name}: its checkpoints ({uri or 'no CheckpointConfig'}) are not "
+            f"under this stack's {base}; resume a job this stack's `hetero sagemaker submit` "
+            "created"
+        )
+    return Resumed(job_name, uri if uri.endswith("/") else uri + "/", shown)
+
+
+def _job_prices(
+    spec: ClusterSpec, rules: SageMakerRules, pricing: Any, region: str, now: datetime | None
+) -> tuple[GroupPrice, ...] | None:
+    """SageMaker's prices of the job's groups when ``job.max_usd`` needs them; None without
+    it, or while a group's type is one SageMaker lacks (``build_plan`` names that problem)."""
+    groups = [sagemaker_group(g) for g in spec.groups]
+    if spec.job.max_usd is None or any(
+        g["InstanceType"] not in rules.instance_types for g in groups
+    ):
+        return None
+    try:
+        return price_job(
+            groups,
+            pricing=pricing or pricing_client(),
+            region=region,
+            max_usd=spec.job.max_usd,
+            now=now,
+        )
+    except PriceError as e:
+        raise SubmitError(str(e)) from e
 
 
 def _init_staging(spec: ClusterSpec, checkpoint_base_uri: str) -> StagedInit | None:
@@ -341,10 +434,14 @@ def build_plan(
     max_wait_s: int | None = None,
     volume_size_gb: int = DEFAULT_VOLUME_GB,
     init_uri: str | None = None,
+    prices: tuple[GroupPrice, ...] | None = None,
+    resumed: Resumed | None = None,
 ) -> SubmitPlan:
     """The ``CreateTrainingJob`` request for ``spec`` on the stack's resources (pure: nothing
-    is called). ``init_uri``: where a ``timm:`` init is staged (``HETERO_INIT_URI``). Every
-    problem found is reported together in one ``SubmitError``."""
+    is called). ``init_uri``: where a ``timm:`` init is staged (``HETERO_INIT_URI``);
+    ``prices``: the job's SageMaker prices (``job.max_usd`` needs them); ``resumed``: the job
+    whose checkpoints this one continues. Every problem found is reported together in one
+    ``SubmitError``."""
     problems: list[str] = []
     warnings: list[str] = []
 
@@ -363,30 +460,40 @@ def build_plan(
         problems.append(f"--volume-size-gb {volume_size_gb}: give at least 1 GB")
 
     groups = instance_groups(spec, rules, problems)
-    cap_values = {"max_usd": spec.job.max_usd, "max_hours": spec.job.max_hours}
-    caps = [f"job.{k} = {v:g}" for k, v in cap_values.items() if v is not None]
-    if caps:
-        warnings.append(
-            f"{' and '.join(caps)} will not stop this job: hetero's budget is kept by its EC2 "
-            f"launchers, and on SageMaker only --max-run ({max_run_s} s, MaxRuntimeInSeconds) "
-            "stops it"
-        )
+    spot_groups = [g.name for g in spec.groups if g.market is Market.SPOT]
+    managed_spot = len(spot_groups) == len(spec.groups)
+    limit = None
+    if not problems:
+        try:
+            limit = runtime_limit(
+                max_run_s=max_run_s,
+                max_hours=spec.job.max_hours,
+                max_usd=spec.job.max_usd,
+                prices=prices or (),
+                managed_spot=managed_spot,
+            )
+        except ValueError as e:
+            problems.append(str(e))
+    runtime_s = limit.seconds if limit else max_run_s
     if spec.job.dataset.source is DatasetSource.FOLDER:
         warnings.append(
             f"job.dataset is the folder {spec.job.dataset.path!r}: SageMaker gets no channel for "
             "it, so it must exist inside the image; use source = 's3' for data in S3"
         )
 
-    spot_groups = [g.name for g in spec.groups if g.market is Market.SPOT]
-    managed_spot = len(spot_groups) == len(spec.groups)
     if managed_spot:
-        wait = max_wait_s if max_wait_s is not None else 2 * max_run_s
-        if wait < max_run_s:
+        wait = max_wait_s if max_wait_s is not None else 2 * runtime_s
+        if wait < runtime_s:
+            runtime = (
+                f"--max-run {runtime_s}"
+                if limit is None or limit.from_max_run
+                else f"MaxRuntimeInSeconds {runtime_s} (set by {limit.source})"
+            )
             problems.append(
-                f"--max-wait {wait} is below --max-run {max_run_s}: with managed Spot, "
+                f"--max-wait {wait} is below {runtime}: with managed Spot, "
                 "MaxWaitTimeInSeconds counts the training time plus the time spent waiting for "
                 f"Spot capacity, so it must be at least MaxRuntimeInSeconds; use --max-wait >= "
-                f"{max_run_s}"
+                f"{runtime_s}"
             )
     else:
         wait = 0
@@ -412,8 +519,12 @@ def build_plan(
 
     bucket = outputs["CheckpointBucketName"]
     job_uri = s3_uri(bucket, f"{SAGEMAKER_JOB_PREFIX}/{job_name}")
-    checkpoint_uri = f"{outputs['CheckpointUri'].rstrip('/')}/{SAGEMAKER_JOB_PREFIX}/{job_name}/"
-    stopping: dict[str, int] = {"MaxRuntimeInSeconds": max_run_s}
+    checkpoint_uri = (
+        resumed.checkpoint_uri
+        if resumed
+        else f"{outputs['CheckpointUri'].rstrip('/')}/{SAGEMAKER_JOB_PREFIX}/{job_name}/"
+    )
+    stopping: dict[str, int] = {"MaxRuntimeInSeconds": runtime_s}
     if managed_spot:
         stopping["MaxWaitTimeInSeconds"] = wait
     request: dict[str, Any] = {
@@ -460,6 +571,16 @@ def build_plan(
         spec_bucket=bucket,
         spec_key=f"{SAGEMAKER_JOB_PREFIX}/{job_name}/{SAGEMAKER_SPEC_CHANNEL}/{spec_file_name}",
         warnings=tuple(warnings),
+        budget=(
+            *(limit.lines if limit else ()),
+            f"checkpoints: {checkpoint_uri}"
+            + (
+                f" (resumes job {resumed.job_name}, {resumed.status}, from its newest complete "
+                "checkpoint)"
+                if resumed
+                else " (a fresh start: --resume JOB continues an earlier job)"
+            ),
+        ),
     )
 
 
@@ -508,7 +629,15 @@ def instance_groups(
                 ", ".join(g.instance_types),
                 ml_type,
             )
-        groups.append(
-            {"InstanceGroupName": g.name, "InstanceType": ml_type, "InstanceCount": g.count}
-        )
+        groups.append(sagemaker_group(g))
     return groups
+
+
+def sagemaker_group(group: InstanceGroup) -> dict[str, Any]:
+    """The SageMaker instance group that runs ``group``: its name and count, and its first
+    listed type with ``ml.`` in front (a SageMaker instance group has one type)."""
+    return {
+        "InstanceGroupName": group.name,
+        "InstanceType": f"ml.{group.instance_types[0]}",
+        "InstanceCount": group.count,
+    }

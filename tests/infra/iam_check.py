@@ -318,6 +318,12 @@ def requests(call: Mapping[str, Any], stack: Stack) -> list[Request]:
                 {"iam:PassedToService": "sagemaker.amazonaws.com"},
             ),
         ]
+    if service == "sagemaker" and operation == "DescribeTrainingJob":
+        # `hetero sagemaker submit --resume JOB`: the training job is its resource
+        # (list_amazonsagemaker.html).
+        return [
+            Request(action, _arn("sagemaker", f"training-job/{params['TrainingJobName'].lower()}"))
+        ]
     raise KeyError(f"{service} {operation}")
 
 

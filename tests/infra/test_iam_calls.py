@@ -227,6 +227,11 @@ def test_the_record_covers_every_path_that_calls_aws(
             for c in recorded["sagemaker"]
         ),
         "user: sagemaker submit": _has(recorded["user"], "CreateTrainingJob"),
+        # Its job.max_usd at SageMaker's own prices; --resume reads the earlier job.
+        "user: sagemaker submit's prices": _has(
+            recorded["user"], "GetProducts", ServiceCode="AmazonSageMaker"
+        ),
+        "user: sagemaker submit --resume": _has(recorded["user"], "DescribeTrainingJob"),
         "user: job start": _has(recorded["user"], "PutParameter"),
         # The new job's prices: Spot in the groups' AZ, On-Demand from the Price List API.
         "user: job start's Spot prices": _has(recorded["user"], "DescribeSpotPriceHistory"),

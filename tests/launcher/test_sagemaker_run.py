@@ -2,16 +2,22 @@
 ``resourceconfig.json`` SageMaker gives it (the hosts named by loopback addresses, 127.0.0.1 for
 the trainer and 127.0.0.2 for the data server, which every process here can reach), the
 checkpoint URI ``hetero sagemaker submit`` sets, and an image dataset, all in moto's S3. The
-job finishes with its checkpoints (the older pruned) and model under the job's prefix; run
-again with more steps, as SageMaker restarts a job, it resumes from the last checkpoint. Every
-AWS call of both runs (the execution role's) is in the record that tests/infra proves allowed."""
+first run is stopped as SageMaker stops a job at its ``MaxRuntimeInSeconds`` (the spec's
+budget): SIGTERM to every host's container; the trainer saves a checkpoint before it exits, well
+inside the 120 s SageMaker waits. Run again (``hetero sagemaker submit --resume``, or SageMaker
+restarting a Spot job: the same checkpoint URI), the job resumes from that checkpoint and
+finishes with its checkpoints (the older pruned) and model under the job's prefix. Every AWS
+call of both runs (the execution role's) is in the record that tests/infra proves allowed."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +35,8 @@ BUCKET = "sm-checkpoints"
 DATASET = "s3://data/digits/"
 PREFIX = "checkpoints/sagemaker/sm-20261127-120000/"
 TIMEOUT_S = 240
+STOP_WINDOW_S = 120
+"""What SageMaker waits between SIGTERM and the job's end (API_StoppingCondition.html)."""
 HOSTS = {"trainer": "127.0.0.1", "dataprep": "127.0.0.2"}
 
 
@@ -70,13 +78,16 @@ def s3(tmp_path: Path) -> Iterator[tuple[str, object]]:
         server.stop()
 
 
-def run_job(spec: Path, url: str, tmp_path: Path) -> None:
-    """Both hosts of the job, to the end; fails naming each host's log tail."""
+def run_job(spec: Path, url: str, tmp_path: Path, *, stop_at: str | None = None) -> float:
+    """Both hosts of the job, to the end: exit 0 each; with ``stop_at``, SIGTERM to both once
+    the trainer's log has that text, as SageMaker stops a job at its limit: exit 143 each.
+    Fails naming each host's log tail. Returns the seconds from the SIGTERM to the last exit."""
     env = {
         **os.environ,
         "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
         ENV_CHECKPOINT_URI: f"s3://{BUCKET}/{PREFIX}",
+        "PYTHONUNBUFFERED": "1",  # the log shows each step as it ends
     }  # fmt: skip
     tmp_path.mkdir()
     procs = {}
@@ -88,7 +99,18 @@ def run_job(spec: Path, url: str, tmp_path: Path) -> None:
         log = open(tmp_path / f"{group}.log", "wb")  # noqa: SIM115 - closed below
         procs[group] = (subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=log), log)
     codes = {}
+    stopped = time.monotonic()
     try:
+        if stop_at is not None:
+            deadline = time.monotonic() + TIMEOUT_S
+            # Bytes: the log may end mid-character while it is written.
+            while stop_at.encode() not in (tmp_path / "trainer.log").read_bytes():
+                assert time.monotonic() < deadline, f"no {stop_at!r} in the trainer's log"
+                assert procs["trainer"][0].poll() is None, "the trainer ended before the stop"
+                time.sleep(0.1)
+            stopped = time.monotonic()
+            for proc, _ in procs.values():
+                proc.send_signal(signal.SIGTERM)
         for group, (proc, _) in procs.items():
             codes[group] = proc.wait(timeout=TIMEOUT_S)
     finally:
@@ -98,22 +120,26 @@ def run_job(spec: Path, url: str, tmp_path: Path) -> None:
                 proc.wait()
             log.close()
     logs = {g: (tmp_path / f"{g}.log").read_text()[-3000:] for g in procs}
-    assert codes == {"dataprep": 0, "trainer": 0}, logs
+    code = 0 if stop_at is None else 128 + signal.SIGTERM
+    assert codes == {"dataprep": code, "trainer": code}, logs
+    return time.monotonic() - stopped
 
 
-def write_spec(path: Path, steps: int) -> Path:
-    """The rehearsal's spec on one host per group, the digits in S3, one checkpoint kept."""
+def write_spec(path: Path, steps: int, interval: int = 4) -> Path:
+    """The rehearsal's spec on one host per group, the digits in S3, one checkpoint kept, one
+    every ``interval`` steps."""
     text = (REPO / "specs" / "rehearsal.toml").read_text()
     dataset = text[text.index("[job.dataset]") : text.index("[job.checkpoint]")]
     images = f'source = "s3"\npath = "{DATASET}"\nimage_size = 32\nnum_classes = 10\n'
     text = text.replace(dataset, f"[job.dataset]\n{images}val_fraction = 0.1\n\n")
     text = text.replace("\ncount = 2\n", "\ncount = 1\n").replace("\nkeep = 2\n", "\nkeep = 1\n")
+    text = text.replace("\ninterval_steps = 4\n", f"\ninterval_steps = {interval}\n")
     path.write_text(text.replace("\nsteps = 24 ", f"\nsteps = {steps} "))
     return path
 
 
 @pytest.mark.timeout(2 * TIMEOUT_S + 60)
-def test_a_sagemaker_job_trains_checkpoints_and_resumes_in_s3_with_the_execution_role(
+def test_a_sagemaker_job_stopped_at_its_limit_checkpoints_then_resumes_with_the_execution_role(
     s3: tuple[str, object], tmp_path: Path, record_aws_calls: Callable[..., Path]
 ) -> None:
     url, client = s3
@@ -121,12 +147,22 @@ def test_a_sagemaker_job_trains_checkpoints_and_resumes_in_s3_with_the_execution
         aws_calls.Names(cluster="rehearsal", checkpoint_bucket=BUCKET, dataset=DATASET),
         "sagemaker",
     )
-    run_job(write_spec(tmp_path / "sm.toml", steps=4), url, tmp_path / "first")
+    # MaxRuntimeInSeconds reached mid-run: SIGTERM after step 2 of many, no interval checkpoint
+    # due, so the only checkpoint is the one the stop saves.
+    spec = write_spec(tmp_path / "sm.toml", steps=1000, interval=1000)
+    took = run_job(spec, url, tmp_path / "first", stop_at="step 2/1000 ")
+    assert took < STOP_WINDOW_S  # SageMaker ends the job 120 s after the SIGTERM
+    log = (tmp_path / "first" / "trainer.log").read_text()
+    saved = re.findall(r"checkpoint step (\d+) complete \(sync, final\)", log)
+    assert len(saved) == 1, log[-3000:]
+    step = int(saved[0])
+    assert step >= 2
     keys = set(list_keys(client, BUCKET, PREFIX))
-    assert {f"{PREFIX}step-4/COMPLETE", f"{PREFIX}model/model.safetensors"} <= keys
-    # SageMaker restarts the job (a Spot interruption): more steps, from step 4.
-    run_job(write_spec(tmp_path / "sm.toml", steps=8), url, tmp_path / "second")
+    assert f"{PREFIX}step-{step}/COMPLETE" in keys
+    assert f"{PREFIX}model/model.safetensors" not in keys  # stopped, not finished
+    # Submitted again on the same checkpoints: it resumes from that step and finishes.
+    run_job(write_spec(tmp_path / "sm.toml", steps=step + 4), url, tmp_path / "second")
     keys = set(list_keys(client, BUCKET, PREFIX))
-    assert f"{PREFIX}step-8/COMPLETE" in keys
-    assert not any(k.startswith(f"{PREFIX}step-4/") for k in keys)  # keep = 1
-    assert "(step 4)" in (tmp_path / "second" / "trainer.log").read_text()  # resumed from it
+    assert {f"{PREFIX}step-{step + 4}/COMPLETE", f"{PREFIX}model/model.safetensors"} <= keys
+    assert not any(k.startswith(f"{PREFIX}step-{step}/") for k in keys)  # keep = 1
+    assert f"(step {step})" in (tmp_path / "second" / "trainer.log").read_text()  # resumed

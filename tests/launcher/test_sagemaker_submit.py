@@ -1,6 +1,8 @@
 """``hetero sagemaker submit``: the exact AWS calls (botocore's Stubber, parameters validated
 against the service models) for an all-Spot spec, a mixed one, a type SageMaker lacks, a
-missing stack and a dry run. No AWS endpoint is reached: every call is answered by a stub."""
+missing stack and a dry run. No AWS endpoint is reached: every call is answered by a stub.
+The budget (``StoppingCondition`` from ``job.max_hours`` / ``job.max_usd``) and ``--resume``
+are in test_sagemaker_submit_budget.py."""
 
 from __future__ import annotations
 
@@ -136,6 +138,7 @@ class Aws:
     cloudformation: Any
     s3: Any
     sagemaker: Any
+    pricing: Any
     stubs: dict[str, Stubber]
     calls: list[str]
 
@@ -154,7 +157,7 @@ def _client(service: str) -> Any:
 @pytest.fixture
 def aws() -> Iterator[Aws]:
     calls: list[str] = []
-    clients = {s: _client(s) for s in ("cloudformation", "s3", "sagemaker")}
+    clients = {s: _client(s) for s in ("cloudformation", "s3", "sagemaker", "pricing")}
     for client in clients.values():
         client.meta.events.register(
             "before-parameter-build.*.*", lambda model, **_: calls.append(model.name)
@@ -198,6 +201,7 @@ def _submit(aws: Aws, spec: Path, **kwargs: Any) -> int:
         cloudformation=aws.cloudformation,
         s3=aws.s3,
         sagemaker=aws.sagemaker,
+        pricing=aws.pricing,
         now=NOW,
         **kwargs,
     )
@@ -245,9 +249,10 @@ def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
         f"#/jobs/{JOB}",
         f"  status:  aws sagemaker describe-training-job --training-job-name {JOB} "
         f"--region {REGION}",
-        # Said plainly: SageMaker's ml.* rates are not EC2's, and hetero does not read them.
-        "  prices: not looked up; SageMaker bills ml.* instances at its own rates "
-        "(https://aws.amazon.com/sagemaker/pricing/), which hetero does not read",
+        # What stops the job, and where its checkpoints go.
+        "  stopping: MaxRuntimeInSeconds 86400 (24.0000 h), set by --max-run",
+        "    the spec sets no job.max_usd or job.max_hours",
+        f"  checkpoints: {CHECKPOINT_URI} (a fresh start: --resume JOB continues an earlier job)",
     ]
 
 
@@ -354,24 +359,10 @@ def test_dry_run_prints_the_request_and_calls_only_describe_stacks(
     out = capsys.readouterr()
     assert json.loads(out.out) == expected_request(managed_spot=True)
     assert f"would upload {spec} to s3://{BUCKET}/sagemaker/{JOB}/spec/vit.toml" in out.err
-    assert out.err.splitlines()[-1] == (
-        "prices: not looked up; SageMaker bills ml.* instances at its own rates "
-        "(https://aws.amazon.com/sagemaker/pricing/), which hetero does not read"
-    )
-
-
-def test_a_spec_with_a_budget_is_warned_that_only_max_run_stops_a_sagemaker_job(
-    aws: Aws, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    spec = _write(
-        tmp_path, SPOT_SPEC.replace("[job]\nsteps = 100\n", "[job]\nsteps = 100\nmax_usd = 40\n")
-    )
-    _expect_describe_stacks(aws)
-    with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
-        assert _submit(aws, spec, dry_run=True, max_run_s=7200) == 0
-    assert [r.getMessage() for r in caplog.records] == [
-        "job.max_usd = 40 will not stop this job: hetero's budget is kept by its EC2 launchers, "
-        "and on SageMaker only --max-run (7200 s, MaxRuntimeInSeconds) stops it"
+    assert out.err.splitlines()[-3:] == [
+        "stopping: MaxRuntimeInSeconds 86400 (24.0000 h), set by --max-run",
+        "  the spec sets no job.max_usd or job.max_hours",
+        f"checkpoints: {CHECKPOINT_URI} (a fresh start: --resume JOB continues an earlier job)",
     ]
 
 
@@ -532,9 +523,8 @@ def test_hetero_sagemaker_submit_runs_through_the_cli(
 
     def stubbed_client(service: str, *, config: Any, region_name: str | None = None) -> Any:
         made.append((service, config.parameter_validation))
-        return {"cloudformation": aws.cloudformation, "s3": aws.s3, "sagemaker": aws.sagemaker}[
-            service
-        ]
+        clients = {"cloudformation": aws.cloudformation, "s3": aws.s3, "sagemaker": aws.sagemaker}
+        return {**clients, "pricing": aws.pricing}[service]
 
     monkeypatch.setattr(boto3, "client", stubbed_client)
     aws.stubs["cloudformation"].add_client_error(
@@ -546,7 +536,7 @@ def test_hetero_sagemaker_submit_runs_through_the_cli(
     )
     code = cli.main(["sagemaker", "submit", "--spec", str(spec), "--dry-run"])
     assert code == 2
-    assert made == [("cloudformation", True), ("s3", True), ("sagemaker", True)]
+    assert made == [("cloudformation", True), ("s3", True), ("sagemaker", True), ("pricing", True)]
     assert f"`npx cdk deploy -c spec={spec} {STACK}`" in capsys.readouterr().err
     assert aws.calls == ["DescribeStacks"]
 
@@ -561,3 +551,4 @@ def test_cli_parses_the_nested_action() -> None:
         "x.toml",
     )
     assert (args.max_run, args.max_wait, args.dry_run, args.job_name) == (60, 120, False, None)
+    assert args.resume is None
