@@ -103,6 +103,16 @@ def test_no_fault_rehearsal_finishes_cleanly(baseline: Path) -> None:
         "dataprep", "dataprep", "trainer", "trainer",
     ]  # fmt: skip
     assert all(e["data"]["private_ip"].startswith("127.0.1.") for e in launched)
+    # The job's end recorded its bill: both groups, Spot, at the catalogue's prices (a deploy's
+    # job), every instance in it, and it agrees with the simulator's count (about 40 s per
+    # instance: within 1 % apart from LaunchTime's second, which alone may be 1.25 %).
+    bill = report["job_record"]["bill"]
+    assert [(line["group"], line["market"], line["instances"]) for line in bill["lines"]] == [
+        ("trainer", "spot", 2), ("dataprep", "spot", 2),
+    ]  # fmt: skip
+    assert {line["source"] for line in bill["lines"]} == {"catalogue"} and bill["usd"] > 0
+    assert report["invariants"]["bill_agrees"]["ok"], report["bill"]
+    assert report["bill"]["missing_from_bill"] == [], report["bill"]
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)
@@ -135,6 +145,15 @@ def test_interruptions_of_a_member_then_the_leader_and_a_data_server_loss(
     # Each trainer replacement took part in a step (its launcher's start to that step).
     firsts = [r["first_step_seconds"] for r in report["replacements"] if r["group"] == "trainer"]
     assert len(firsts) == 2 and all(f is not None and 0 < f < 120 for f in firsts), firsts
+    # The bill agrees with the simulator within 1 % per group (``bill_agrees``: in full where
+    # the group ran long enough for EC2's LaunchTime second not to use the 1 % up alone, else
+    # apart from it), the Spot losses and the kill included: every instance of the job is in it.
+    bill = report["bill"]
+    assert report["invariants"]["bill_agrees"]["ok"], bill
+    assert bill["missing_from_bill"] == [] and bill["not_in_simulator"] == [], bill
+    assert set(bill["groups"]) == {"trainer", "dataprep"}, bill
+    assert all(abs(g["difference_apart_from_rounding_share"]) <= 0.01
+               for g in bill["groups"].values()), bill  # fmt: skip
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)

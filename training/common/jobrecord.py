@@ -2,16 +2,18 @@
 
 Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
 
-- ``outcome.json``: ``{"outcome": "finished" | "failed" | "stopped", "reason", "by", "time"}``,
-  written once by the host that ends the job (``stopped``: the budget ran out, see
-  ``budget.py``; ``hetero job start --resume`` continues it). Its presence means the job is
+- ``outcome.json``: ``{"outcome": "finished" | "failed" | "stopped", "reason", "by", "time",
+  "bill"}``, written once by the host that ends the job (``stopped``: the budget ran out, see
+  ``budget.py``; ``hetero job start --resume`` continues it; ``bill``: what the job cost,
+  ``training.launcher.bill``, where the host could make it). Its presence means the job is
   over: a host that starts or restarts afterwards does not run the role again.
 - ``started.json``: ``{"started": <epoch seconds>}``, the job's start for its budget when the job
   pointer has none (a deploy's job), written by the first host that needs it.
 - ``leaving/<instance-id>.json``: a host that got an interruption notice or an Auto Scaling
   termination says so here first, so the others re-form the job without it while it is still
   running (EC2 keeps it ``running`` until the termination).
-- ``hosts/<instance-id>.json``: each host's latest state (``hetero status`` shows them).
+- ``hosts/<instance-id>.json``: each host's latest state (``hetero status`` shows them), with
+  its census of the cluster's instances under ``instances`` (the bill's seconds).
 - ``autoscale/<milliseconds>-<step>.json``: each decision of the data-tier controller
   (``training.dataplane.autoscale``, on the trainer's rank 0, for an elastic dataprep group),
   as its ``Decision.as_dict()``: ``time``, ``step``, ``from_count``, ``to_count``, ``reason``,
@@ -31,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from training.common.folder import open_folder
@@ -73,13 +75,30 @@ class JobRecord:
         """The job's final outcome, or None while the job is not over."""
         return self._get_json("outcome.json")
 
-    def end(self, outcome: Outcome, *, reason: str, by: str) -> dict[str, Any]:
-        """Record the job's end (``finished``, ``failed``, or ``stopped`` by its budget); a job
-        already ended keeps its first outcome, which is returned."""
+    def end(
+        self,
+        outcome: Outcome,
+        *,
+        reason: str,
+        by: str,
+        bill: Callable[[], Mapping[str, Any] | None] | None = None,
+    ) -> dict[str, Any]:
+        """Record the job's end (``finished``, ``failed``, or ``stopped`` by its budget) and,
+        with ``bill`` (what the job cost until now, ``training.launcher.bill``), its bill; a job
+        already ended keeps its first outcome, which is returned. The bill is made first: the
+        outcome's time is then the bill's end, as close as can be to the groups' scale to zero
+        that follows; a host that ended the job meanwhile (and scaled the groups, which this
+        bill may have seen as instances gone) keeps its outcome."""
         current = self.outcome()
         if current is not None:
             return current
-        value = {"outcome": outcome.value, "reason": reason, "by": by, "time": time.time()}
+        cost = bill() if bill is not None else None
+        if cost is not None and (current := self.outcome()) is not None:
+            return current
+        now = float(cost["until"]) if cost is not None and "until" in cost else time.time()
+        value: dict[str, Any] = {"outcome": outcome.value, "reason": reason, "by": by, "time": now}
+        if cost is not None:
+            value["bill"] = dict(cost)
         self._put_json("outcome.json", value)
         log.info("job record: outcome %s (%s)", outcome.value, reason)
         return value
@@ -131,6 +150,10 @@ class JobRecord:
             if name.endswith(".json"):
                 out[name[len("replaced/") : -len(".json")]] = self._get_json(name) or {}
         return out
+
+    def host(self, instance_id: str) -> dict[str, Any] | None:
+        """One host's latest state (None: it wrote none)."""
+        return self._get_json(f"hosts/{instance_id}.json")
 
     def set_host(self, instance_id: str, **state: Any) -> None:
         """This host's latest state (group, address, generation, step, outcome...)."""

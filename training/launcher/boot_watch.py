@@ -28,13 +28,15 @@ shows and what stops it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from training.common.hosts import cluster_instances, tag
 from training.common.jobrecord import JobRecord
 from training.common.names import TAG_GROUP
+from training.launcher.bill import Census, sighting
 from training.launcher.early_exit import past_budget
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class FailedBoot:
     group: str | None
     launched: float
     """Launch time, epoch seconds."""
+    instance: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The instance as DescribeInstances listed it (for the job's bill: ``bill.sighting``)."""
 
 
 def failed_boots(ec2: Any, cluster: str, *, since: float) -> list[FailedBoot]:
@@ -65,7 +69,7 @@ def failed_boots(ec2: Any, cluster: str, *, since: float) -> list[FailedBoot]:
         {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]},
     )
     found = [
-        FailedBoot(inst["InstanceId"], tag(inst, TAG_GROUP), inst["LaunchTime"].timestamp())
+        FailedBoot(inst["InstanceId"], tag(inst, TAG_GROUP), inst["LaunchTime"].timestamp(), inst)
         for inst in ended
     ]
     return sorted(
@@ -76,7 +80,9 @@ def failed_boots(ec2: Any, cluster: str, *, since: float) -> list[FailedBoot]:
 class BootWatch:
     """``check()`` counts failed boots not counted yet and returns the reason to end the job once
     the job record's ``replaced/`` is past ``budget``; None otherwise (and while the job's start,
-    EC2 or the record cannot be read: no decision without them)."""
+    EC2 or the record cannot be read: no decision without them). With a ``census`` (the host's,
+    for the job's bill) each failed boot is added to it, gone when first seen shut down: such a
+    boot may end before any host saw it running."""
 
     def __init__(
         self,
@@ -86,7 +92,9 @@ class BootWatch:
         *,
         budget: int,
         job_started: Callable[[], float | None],
+        census: Census | None = None,
     ) -> None:
+        self.census = census
         self.ec2 = ec2
         self.cluster = cluster
         self.record = record
@@ -103,6 +111,11 @@ class BootWatch:
         except Exception as e:
             log.warning("could not list the cluster's failed boots: %s", e)
             return None
+        if self.census is not None:
+            now = time.time()
+            for boot in boots:
+                if (seen := sighting(boot.instance, group=boot.group, gone=now)) is not None:
+                    self.census.add(seen)
         new = [b for b in boots if b.instance_id not in self._counted]
         if not new:
             return None

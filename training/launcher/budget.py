@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from training.common.jobparam import JobPointer
+from training.common.jobparam import GroupPrice, JobPointer
 from training.common.names import ENV_BUDGET_DEADLINE
 from training.instance_types import PRICES_AS_OF
 from training.prices import SOURCE_CATALOGUE, offline_prices, sources_text
@@ -53,6 +53,8 @@ class Budget:
     """The cluster at its most."""
     priced: str = ""
     """Where ``usd_per_hour`` comes from and when (``prices.sources_text``)."""
+    prices: tuple[GroupPrice, ...] = ()
+    """Each group's price at its most (what the job's bill is priced at, ``bill.py``)."""
 
     @classmethod
     def of(cls, spec: ClusterSpec, pointer: JobPointer | None = None) -> Budget:
@@ -77,6 +79,7 @@ class Budget:
             spec.job.max_usd if usd is None else usd,
             sum(p.group_usd_per_hour for p in prices),
             sources_text(prices),
+            tuple(prices),
         )
 
     @property

@@ -151,7 +151,7 @@ class Ec2Job:
         )
         self.current_membership = partial(
             current_membership, ec2, autoscaling, cluster=cluster, group=self.group.name,
-            count=self.group.count, leaving=self.host.leaving,
+            count=self.group.count, leaving=self.host.leaving, observe=self.host.census.observe,
         )  # fmt: skip
         """The trainer group's usable instances now (``membership.current_membership``)."""
 
@@ -351,14 +351,10 @@ class Ec2Job:
             return False
         try:
             job_end.end_job(
-                self.record,
-                outcome,
-                reason=reason,
-                by=self.instance_id,
-                autoscaling=self.autoscaling,
-                asg_names=self.asg_names,
-                backstop=self.budget.capped,
-            )
+                self.record, outcome, reason=reason, by=self.instance_id,
+                autoscaling=self.autoscaling, asg_names=self.asg_names,
+                backstop=self.budget.capped, bill=self.watches.bill,  # the outcome's bill
+            )  # fmt: skip
         except Exception as e:
             log.error("could not end the job: %s", e)
         else:

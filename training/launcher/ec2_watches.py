@@ -5,10 +5,12 @@
   recommendation asks the trainer's ranks for a checkpoint (``rank_signals``).
 - Checkpoint requests: delivered once every rank handles SIGUSR1 (``Signals.deliver_pending``).
 - The job pointer (with a ``jobparam.JobWatch``): a newer job stops the role.
-- The heartbeat, while a generation runs: this host's state and the trainer's last metrics into
-  the job record, then the watches that end the job: failed (``boot_watch``, ``trainer_watch``)
-  or, on a data server, stopped by the budget (``tier_budget``); ``last_metrics`` reads the
-  trainer's last metrics in its run folder for it.
+- The heartbeat, while a generation runs: a look at the cluster's running instances (the
+  host's census, ``bill.Census``), this host's state and the trainer's last metrics into the job
+  record, then the watches that end the job: failed (``boot_watch``, ``trainer_watch``) or, on a
+  data server, stopped by the budget (``tier_budget``); ``last_metrics`` reads the trainer's
+  last metrics in its run folder for it.
+- The job's bill (``bill``), made by the host that records the job's outcome.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from training.common.hosts import list_cluster_instances
 from training.common.jobparam import JobWatch
 from training.common.names import LAST_EVAL_FILE
 from training.common.outcome import Outcome
+from training.launcher.bill import job_bill
 from training.launcher.boot_watch import BootWatch
-from training.launcher.budget import JobClock
+from training.launcher.budget import JobClock, parse_started
 from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient
 from training.launcher.loop_settings import LoopSettings
@@ -62,6 +67,9 @@ class Ec2Watches:
         self.host = host
         self.trainer = group.role is Role.TRAINER
         self.run_dir = run_dir
+        self.ec2 = ec2
+        self.cluster = cluster
+        self.clock = clock
         self.end = end
         """Ends the job for everyone; False, ending nothing, when another job began."""
         self.checks: list[tuple[Outcome, BootWatch | NoTrainerWatch | TierBudgetWatch]] = []
@@ -70,7 +78,10 @@ class Ec2Watches:
         budget spent with no trainer to stop it, and no live trainer host. The first wins."""
         if host.record is not None:
             record, budget = host.record, settings.replacement_budget
-            boots = BootWatch(ec2, cluster, record, budget=budget, job_started=clock.job_start)
+            boots = BootWatch(
+                ec2, cluster, record, budget=budget, job_started=clock.job_start,
+                census=host.census,
+            )  # fmt: skip
             self.checks.append((Outcome.FAILED, boots))
             trainers = [g.name for g in spec.groups if g.role is Role.TRAINER]
             if not self.trainer and trainers:
@@ -174,11 +185,50 @@ class Ec2Watches:
             done.set()
 
     def _beat(self, done: threading.Event, every_s: float, members: list[str] | None) -> None:
-        """While the role runs: this host's state and the trainer's last metrics line."""
+        """While the role runs: a look at the cluster's instances (the census), this host's
+        state and the trainer's last metrics line."""
         while not done.wait(every_s):
+            self.look()
             self.host.set(state="running", members=members, metrics=last_metrics(self.run_dir))
             if self.end_if_due():
                 return
+
+    def look(self) -> Mapping[str, list[dict[str, Any]]] | None:
+        """List the cluster's running instances into this host's census, now; the listing, or
+        None when EC2 could not be asked (logged: the next look makes up for it)."""
+        try:
+            running = list_cluster_instances(self.ec2, self.cluster)
+        except Exception as e:  # botocore's errors: the census waits for the next look
+            log.warning("could not list the cluster's instances for the job's bill: %s", e)
+            return None
+        self.host.census.observe(time.time(), running)
+        return running
+
+    def bill(self) -> dict[str, Any] | None:
+        """What the job cost until now, its end (``bill.job_bill``: every host's census in the
+        job record, this host's, and a look at what runs now), at the prices its budget uses;
+        None when the job record cannot be read (logged: the outcome is recorded without it).
+        Its end is taken last, after the reads, as close as can be to the scale to zero."""
+        record = self.host.record
+        if record is None:
+            return None
+        try:
+            hosts = record.hosts()
+            running = self.look()
+            since = parse_started(self.clock.pointer_started())
+            prices = self.clock.budget.prices
+            bill = job_bill(
+                hosts, prices, until=time.time(), since=since, running=running,
+                own=self.host.census,
+            )  # fmt: skip
+        except Exception as e:  # S3 or EC2 unreachable: the outcome matters more
+            log.warning("could not make the job's bill: %s", e)
+            return None
+        log.info(
+            "the job's bill: %.4f USD for %.0f instance-s (± %.0f)",
+            bill.usd, bill.instance_seconds, bill.uncertain_s,
+        )  # fmt: skip
+        return bill.to_json()
 
     def end_if_due(self) -> bool:
         """Failed boots past the replacement budget (``boot_watch``, every host) end the job as

@@ -9,13 +9,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from training.common.jobrecord import JobRecord
+from training.launcher.bill import Census
 
 log = logging.getLogger(__name__)
 
 
 class HostRecord:
     """This host's part of the job record: its state (with the loop's ``counters``: generation,
-    failures), its leaving; and the job's outcome and leaving hosts as read from it."""
+    failures, and its ``census`` of the cluster's instances, for the job's bill), its leaving;
+    and the job's outcome and leaving hosts as read from it."""
 
     def __init__(
         self,
@@ -31,6 +33,10 @@ class HostRecord:
         self.group = group
         self.address = address
         self.counters = counters
+        self.census = Census()
+        """What this host saw of the cluster's instances (``bill.Census``), written with its
+        state; a launcher that Docker restarted takes up what it wrote before."""
+        self._restored = False
 
     def outcome(self) -> dict[str, Any] | None:
         if self.record is None:
@@ -62,12 +68,16 @@ class HostRecord:
         if self.record is None:
             return
         try:
+            if not self._restored:
+                self.census.load((self.record.host(self.instance_id) or {}).get("instances"))
+                self._restored = True
             self.record.set_host(
                 self.instance_id,
                 group=self.group,
                 address=self.address,
                 **self.counters(),
                 **state,
+                instances=self.census.to_json(),
             )
         except Exception as e:  # Status only: never fatal.
             log.warning("could not update the job record: %s", e)

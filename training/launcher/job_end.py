@@ -64,14 +64,17 @@ def end_job(
     autoscaling: Any | None,
     asg_names: Sequence[str],
     backstop: bool = False,
+    bill: Callable[[], Mapping[str, Any] | None] | None = None,
 ) -> None:
     """End the job for everyone: record the outcome first (a host starting later sees it and
-    does not run), then scale every group to zero and, for a job with a budget (``backstop``),
-    delete the budget's scheduled action (``training.launcher.backstop``). Safe to call from
-    several hosts: the first recorded outcome stays, and scaling to zero twice is harmless."""
+    does not run), with its ``bill`` (what the job cost until now, made only by the host that
+    records the outcome: ``training.launcher.bill``), then scale every group to zero
+    and, for a job with a budget (``backstop``), delete the budget's scheduled action
+    (``training.launcher.backstop``). Safe to call from several hosts: the first recorded
+    outcome stays, and scaling to zero twice is harmless."""
     if record is not None:
         try:
-            record.end(outcome, reason=reason, by=by)
+            record.end(outcome, reason=reason, by=by, bill=bill)
         except Exception as e:  # Still stop the billing below.
             log.error("could not record the job's outcome in %s: %s", record.location, e)
     if not asg_names:

@@ -96,9 +96,15 @@ def current_membership(
     group: str,
     count: int,
     leaving: Callable[[], set[str]] = set,
+    observe: Callable[[float, dict[str, list[dict[str, Any]]]], None] | None = None,
 ) -> Membership:
-    """The usable trainer instances right now, as a membership (possibly short of ``count``)."""
-    instances = sorted(list_cluster_instances(ec2, cluster).get(group, []), key=_age_key)
+    """The usable trainer instances right now, as a membership (possibly short of ``count``).
+    ``observe`` gets the time and the listing of the cluster's running instances (the host's
+    census, for the job's bill: ``bill.Census.observe``)."""
+    running = list_cluster_instances(ec2, cluster)
+    if observe is not None:
+        observe(time.time(), running)
+    instances = sorted(running.get(group, []), key=_age_key)
     ids = [i["InstanceId"] for i in instances]
     gone = set(leaving())
     if autoscaling is not None and ids:

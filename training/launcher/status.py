@@ -1,8 +1,9 @@
 """``hetero status``: the job as AWS and its job record see it.
 
 The current job (the SSM job pointer ``/hetero/<cluster>/job``, when the stack created it: its
-id and checkpoint URI, which is where the job record is), groups (desired, minimum, maximum and
-in-service counts), instances by group, market and AZ, the job's outcome, each host's last
+id and checkpoint URI, which is where the job record is), its spend against its caps, its prices
+and its bill (``bill.py``: recorded at its end, else so far), groups (desired, minimum, maximum
+and in-service counts), instances by group, market and AZ, the job's outcome, each host's last
 reported state and metrics (with its last validation top-1 and the accuracy targets reached),
 the data-tier controller's last decisions (an elastic dataprep group: ``JobRecord.decisions``)
 and the newest complete checkpoint. Read-only: it calls only
@@ -33,8 +34,9 @@ from training.common.jobparam import (
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_CHECKPOINT_URI, asg_name, job_parameter_name
 from training.common.s3 import is_s3_uri, parse_s3_uri, s3_uri
+from training.launcher.bill import bill_lines, job_bill
 from training.launcher.budget import Budget, parse_started
-from training.prices import price_lines
+from training.prices import offline_prices, price_lines
 from training.spec import ClusterSpec, load_spec
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 
@@ -58,6 +60,11 @@ class JobStatus:
     """The finished job's ``model/`` (``model.safetensors`` + ``config.json``), once written."""
     budget: str | None = None
     """Spend so far against ``job.max_usd`` / ``job.max_hours`` (``budget.Budget.describe``)."""
+    bill: dict[str, Any] | None = None
+    """What the job cost (``bill.Bill.to_json``): the outcome's for a job that ended, else so
+    far, from the job record and the instances running now."""
+    bill_recorded: bool = False
+    """``bill`` is the one the job's end recorded (else made now from the job record)."""
     decisions: list[dict[str, Any]] = field(default_factory=list)
     """The data-tier controller's newest decisions, oldest first (``JobRecord.decisions``):
     ``time``, ``step``, ``from_count``, ``to_count``, ``reason``, ``acted``..."""
@@ -113,8 +120,10 @@ def collect(
             )  # fmt: skip
     except Exception as e:
         status.errors.append(f"Auto Scaling: {e}")
+    running: dict[str, list[dict[str, Any]]] | None = None
     try:
-        for group, instances in sorted(list_cluster_instances(ec2, spec.name).items()):
+        running = list_cluster_instances(ec2, spec.name)
+        for group, instances in sorted(running.items()):
             for inst in instances:
                 status.instances.append(
                     {
@@ -135,6 +144,7 @@ def collect(
             status.outcome = record.outcome()
             status.hosts = record.hosts()
             status.budget = budget_line(spec, status, record)
+            status.bill, status.bill_recorded = bill_of(spec, status, running)
         except Exception as e:
             status.errors.append(f"job record in {checkpoint_uri}: {e}")
         try:
@@ -167,6 +177,32 @@ def budget_line(
     end = (status.outcome or {}).get("time")
     until = float(end) if isinstance(end, int | float) else (time.time() if now is None else now)
     return budget.describe(until - started)
+
+
+def bill_of(
+    spec: ClusterSpec,
+    status: JobStatus,
+    running: dict[str, list[dict[str, Any]]] | None,
+    now: float | None = None,
+) -> tuple[dict[str, Any] | None, bool]:
+    """(the bill, whether the job's end recorded it): the outcome's ``bill``; for a job that
+    ended without one (its end could not make it), the bill to the outcome's time from the job
+    record; for a running job, the bill so far, from the job record and ``running`` (the
+    cluster's running instances now), at the prices its budget uses."""
+    outcome = status.outcome or {}
+    if isinstance(outcome.get("bill"), dict):
+        return outcome["bill"], True
+    pointer = parse_job_pointer(json.dumps(status.job)) if status.job else None
+    # As the budget (``Budget.of``, which warns about the catalogue once already).
+    prices = pointer.prices if pointer and pointer.prices else offline_prices(spec).prices
+    since = parse_started((status.job or {}).get("started"))
+    end = outcome.get("time")
+    if isinstance(end, int | float):
+        bill = job_bill(status.hosts, prices, until=float(end), since=since)
+    else:
+        until = time.time() if now is None else now
+        bill = job_bill(status.hosts, prices, until=until, since=since, running=running)
+    return bill.to_json(), False
 
 
 def _model_folder(s3: Any, checkpoint_uri: str) -> str | None:
@@ -202,6 +238,8 @@ def render(status: JobStatus) -> None:
     if status.budget:
         console.print(f"spend {status.budget}", markup=False)
     for line in prices_text(job):
+        console.print(line, markup=False, highlight=False)
+    for line in bill_text(status):
         console.print(line, markup=False, highlight=False)
     groups = Table("group", "Auto Scaling group", "desired", "min", "max", "in service")
     for g in status.groups:
@@ -256,6 +294,20 @@ def prices_text(job: dict[str, Any]) -> list[str]:
     return ["prices at the job's start, each group at its most:"] + [
         f"  {line}" for line in price_lines(prices)
     ]
+
+
+def bill_text(status: JobStatus) -> list[str]:
+    """The job's bill as a table (``bill.bill_lines``) under what it is: recorded at the job's
+    end, or so far; nothing without one."""
+    if not status.bill:
+        return []
+    if status.bill_recorded:
+        head = "bill, recorded at the job's end:"
+    elif status.outcome:
+        head = "bill to the job's end, from the job record (its end recorded none):"
+    else:
+        head = "bill so far (the instances running now count to now):"
+    return [head] + [f"  {line}" for line in bill_lines(status.bill)]
 
 
 def decision_text(decision: dict[str, Any]) -> str:

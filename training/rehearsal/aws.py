@@ -17,8 +17,9 @@ moto's Auto Scaling launches instances when the desired capacity grows, replaces
 terminated with ``TerminateInstances`` or ``TerminateInstanceInAutoScalingGroup`` (without
 decrementing), and terminates every instance when the desired capacity goes to 0. What moto does
 not do: ``CompleteLifecycleAction`` (it answers HTTP 500), Terminating:Wait (terminations are
-immediate), Spot markets, capacity rebalancing (``injector`` emulates it), replacing an instance
-marked Unhealthy (``replace_unhealthy``), an OS shutdown (``shut_down_from_os``).
+immediate), Spot markets (``instances`` marks a Spot group's instances ``spot``, as EC2 lists
+them: ``InstanceLifecycle``), capacity rebalancing (``injector`` emulates it), replacing an
+instance marked Unhealthy (``replace_unhealthy``), an OS shutdown (``shut_down_from_os``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import logging
 import time
 import urllib.request
 from dataclasses import dataclass, replace
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ from training.common.names import (
 )
 from training.common.s3 import read_object, s3_uri
 from training.launcher.boot_watch import INSTANCE_INITIATED_SHUTDOWN
-from training.spec import ClusterSpec
+from training.spec import ClusterSpec, Market
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,11 @@ class EmulatedInstance:
     group: str
     role: str
     launch_time: float
+    """EC2's ``LaunchTime`` as the API gives it (to the second)."""
+    launched_at: float | None = None
+    """When moto created it (epoch seconds, to the microsecond: its backend's own time)."""
+    terminated_at: float | None = None
+    """When moto terminated it (epoch seconds, ``AwsEmulator``'s watch on its backend)."""
 
 
 def region_for(spec: ClusterSpec) -> str:
@@ -109,6 +116,10 @@ class AwsEmulator:
         self._server: Any = None
         self._clients: dict[str, Any] = {}
         self.endpoint_url = ""
+        self._spot_groups: set[tuple[str, str]] = set()
+        """(cluster, group) of every Spot group ``provision`` created."""
+        self._terminated_at: dict[str, float] = {}
+        """Instance id -> when moto terminated it (``_watch_terminations``)."""
 
     def start(self) -> AwsEmulator:
         from moto.server import ThreadedMotoServer  # heavy; only a rehearsal needs it
@@ -130,6 +141,34 @@ class AwsEmulator:
         with urllib.request.urlopen(req, timeout=10) as resp:
             resp.read()
         self._clients.clear()
+        self._terminated_at.clear()
+        self._watch_terminations()
+
+    def _ec2_backend(self) -> Any:
+        """moto's EC2 backend of this region (it runs in this process)."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[DEFAULT_ACCOUNT_ID][self.region]
+
+    def _watch_terminations(self) -> None:
+        """Note when moto terminates each instance: every termination (TerminateInstances, Auto
+        Scaling's scale-in and replacements, ``shut_down_from_os``) goes through its EC2
+        backend's ``terminate_instances``, wrapped here on the backend object (a reset makes a
+        new one). The API gives no termination time; the group simulator looks only every half
+        second."""
+        backend = self._ec2_backend()
+        terminate = backend.terminate_instances
+        ended = self._terminated_at
+
+        def terminate_noted(instance_ids: list[str], *args: Any, **kwargs: Any) -> Any:
+            result = terminate(instance_ids, *args, **kwargs)
+            now = time.time()
+            for instance_id in instance_ids:
+                ended.setdefault(instance_id, now)
+            return result
+
+        backend.terminate_instances = terminate_noted
 
     def stop(self) -> None:
         if self._server is not None:
@@ -222,6 +261,8 @@ class AwsEmulator:
                 DefaultResult="CONTINUE",
             )
             names[group.name] = name
+            if group.market is Market.SPOT:
+                self._spot_groups.add((spec.name, group.name))
         cluster = ClusterNames(
             cluster=spec.name,
             region=self.region,
@@ -239,16 +280,25 @@ class AwsEmulator:
     # -- what the rehearsal reads and does ---------------------------------------------------
 
     def instances(self, cluster: str) -> list[EmulatedInstance]:
-        """Every instance tagged with ``cluster`` (any state), in launch order."""
+        """Every instance tagged with ``cluster`` (any state), in launch order. A Spot group's
+        instance is marked ``spot`` the first time it is seen here (the simulator looks every
+        half second, before it starts the instance's launcher)."""
         pages = (
             self.client("ec2")
             .get_paginator("describe_instances")
             .paginate(Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}])
         )
         reservations = [r for page in pages for r in page.get("Reservations", [])]
+        created = {
+            i.id: i.launch_time.replace(tzinfo=UTC).timestamp()
+            for i in self._ec2_backend().all_instances()
+        }
         found = []
         for inst in (i for r in reservations for i in r.get("Instances", [])):
             tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+            spot = (cluster, tags.get(TAG_GROUP, "")) in self._spot_groups
+            if spot and inst.get("InstanceLifecycle") != "spot":
+                self._mark_spot(inst["InstanceId"])
             found.append(
                 EmulatedInstance(
                     instance_id=inst["InstanceId"],
@@ -257,6 +307,8 @@ class AwsEmulator:
                     group=tags.get(TAG_GROUP, ""),
                     role=tags.get(TAG_ROLE, ""),
                     launch_time=inst["LaunchTime"].timestamp(),
+                    launched_at=created.get(inst["InstanceId"]),
+                    terminated_at=self._terminated_at.get(inst["InstanceId"]),
                 )
             )
         return sorted(found, key=lambda i: (i.launch_time, _ip_key(i.private_ip)))
@@ -311,6 +363,11 @@ class AwsEmulator:
             f"{INSTANCE_INITIATED_SHUTDOWN}: Instance initiated shutdown",
             INSTANCE_INITIATED_SHUTDOWN,
         )
+
+    def _mark_spot(self, instance_id: str) -> None:
+        """EC2 lists a Spot Instance with ``InstanceLifecycle`` ``spot``; moto's Auto Scaling
+        launches On-Demand ones only, so the mark is set in its backend (in this process)."""
+        self._ec2_backend().get_instance(instance_id).lifecycle = "spot"
 
     def replace_unhealthy(self, names: ClusterNames) -> list[str]:
         """Auto Scaling's part of ``SetInstanceHealth``: an InService instance marked Unhealthy

@@ -273,6 +273,12 @@ class InstanceRun:
     """The rehearsal SIGKILLed the launcher (a fault, or the instance's termination)."""
     terminated: bool = False
     terminated_t: float | None = None
+    """When a look found it terminated (seconds since the start, like ``launched_t``)."""
+    ec2_launched_t: float | None = None
+    """When moto created it, seconds since the start (``EmulatedInstance.launched_at``): the
+    start of its instance-seconds, where ``launched_t`` is the look that found it running."""
+    ec2_terminated_t: float | None = None
+    """When moto terminated it, seconds since the start (``EmulatedInstance.terminated_at``)."""
     procs: dict[int, psutil.Process] = field(default_factory=dict)
     """Every descendant seen while the instance ran."""
     worker_starts: dict[int, float] = field(default_factory=dict)
@@ -359,17 +365,22 @@ class GroupSimulator(threading.Thread):
         """One pass: start trees for new running instances, kill those of terminated ones,
         notice launchers that exited and trainer workers that started."""
         instances = self.aws.instances(self.ctx.names.cluster)
+        # What this look saw happened by now: the launches and terminations it finds count from
+        # here, not from when starting or killing each tree is done.
+        looked_t = self.events.elapsed()
         seen = {i.instance_id for i in instances}
         with self._lock:
             for inst in instances:
                 run = self._runs.get(inst.instance_id)
                 if run is None and inst.state == "running":
-                    self._launch(inst)
+                    self._launch(inst, looked_t)
                 elif run is not None and not run.terminated and inst.state != "running":
-                    self._terminate(run, f"moto shows it {inst.state}")
+                    self._terminate(
+                        run, f"moto shows it {inst.state}", looked_t, inst.terminated_at
+                    )
             for run in list(self._runs.values()):
                 if not run.terminated and run.instance_id not in seen:
-                    self._terminate(run, "moto no longer lists it")
+                    self._terminate(run, "moto no longer lists it", looked_t)
                 if not run.terminated:
                     self._track(run)
             self._scheduled_actions()
@@ -398,7 +409,7 @@ class GroupSimulator(threading.Thread):
 
     # -- instances ---------------------------------------------------------------------------
 
-    def _launch(self, inst: EmulatedInstance) -> None:
+    def _launch(self, inst: EmulatedInstance, looked_t: float) -> None:
         order = self._order.setdefault(inst.group, [])
         index = len(order)
         order.append(inst.instance_id)
@@ -448,7 +459,10 @@ class GroupSimulator(threading.Thread):
             imds=imds,
             popen=popen,
             log_file=log_file,
-            launched_t=self.events.elapsed(),
+            launched_t=looked_t,
+            ec2_launched_t=None
+            if inst.launched_at is None
+            else inst.launched_at - self.events.started_wall,
             tmpdir=tmp,
             launch_fault=fault,
         )
@@ -508,8 +522,12 @@ class GroupSimulator(threading.Thread):
         self.aws.shut_down_from_os(run.instance_id)
         run.shut_down = True
 
-    def _terminate(self, run: InstanceRun, why: str) -> None:
-        """The instance is gone: its whole tree is SIGKILLed, its IMDS stops."""
+    def _terminate(
+        self, run: InstanceRun, why: str, looked_t: float, ended_at: float | None = None
+    ) -> None:
+        """The instance is gone (a look at ``looked_t`` found it so; moto ended it at
+        ``ended_at``, epoch seconds, when known): its whole tree is SIGKILLed, its IMDS
+        stops."""
         self._track(run)  # an exit code that came just before the termination
         was_running = run.launcher_running
         self.kill_tree(run)
@@ -518,7 +536,9 @@ class GroupSimulator(threading.Thread):
             shutil.rmtree(run.tmpdir, ignore_errors=True)
         with contextlib.suppress(OSError):
             run.log_file.close()
-        run.terminated_t = self.events.elapsed()
+        run.terminated_t = looked_t
+        if ended_at is not None:
+            run.ec2_terminated_t = ended_at - self.events.started_wall
         run.terminated = True
         self.events.add(
             "instance-terminated",

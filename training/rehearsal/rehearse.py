@@ -31,6 +31,7 @@ from training.data.order import order_for
 from training.data.splits import Split, build_split
 from training.rehearsal import audit, params, report
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, region_for
+from training.rehearsal.bill_check import bill_facts
 from training.rehearsal.datatier import DesiredWatch, data_tier_facts
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import NO_OUTCOME, FaultKind, Scenario
@@ -271,6 +272,13 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         started_wall=events.started_wall,
         ended_t=facts["wall_seconds"],
     )
+    facts["bill"] = bill_facts(
+        (facts.get("job_record") or {}).get("bill"),
+        facts["instances"],
+        ended_t=facts["wall_seconds"],
+        started_wall=events.started_wall,
+        resumed=bool(facts.get("stopped_jobs")),
+    )
     facts["events"] = [e.to_json() for e in events.events()]
     return facts
 
@@ -389,6 +397,10 @@ def _save_final_checkpoint(
     }
 
 
+def _rounded(t: float | None) -> float | None:
+    return None if t is None else round(t, 3)
+
+
 def _first_step_seconds(run: InstanceRun, records: list[Any], started_wall: float) -> float | None:
     """A trainer replacement's recovery: seconds from its launcher's start to the first step it
     took part in (the first step applied after its first trainer worker started)."""
@@ -495,6 +507,8 @@ def _audit(
                 "private_ip": r.private_ip,
                 "launched_t": round(r.launched_t, 2),
                 "terminated_t": None if r.terminated_t is None else round(r.terminated_t, 2),
+                "ec2_launched_t": _rounded(r.ec2_launched_t),
+                "ec2_terminated_t": _rounded(r.ec2_terminated_t),
                 "launcher_exit_code": r.exit_code,
                 "launcher_killed": r.killed,
                 "trainer_workers_started": len(r.worker_starts),

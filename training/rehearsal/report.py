@@ -20,6 +20,13 @@ Invariants, each ``{"ok": bool, "detail": str}`` in ``rehearsal.json``:
   the data-tier controller asked for, in its order (no loss counted twice); not checked when the
   scenario sends that group a rebalance recommendation (Capacity Rebalancing raises its desired
   capacity for a while by itself).
+- with a bill in the job's outcome (``bill``, ``training.rehearsal.bill_check``):
+  ``bill_agrees``, every group's billed instance-seconds within 1 % of those the group simulator
+  counted up to the job's end (so its USD at the recorded price): in full where 1 % of them is
+  at least the half second per launch that EC2's ``LaunchTime`` (given to the second) leaves
+  open, else apart from that rounding, which the rehearsal measures from moto's creation times;
+  within the bill's own bound where its bracketed ends make that wider; not checked without a
+  bill, or after a resume.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from training.rehearsal import bill_check
 from training.rehearsal.faults import FaultKind, Scenario
 from training.spec import ClusterSpec
 
@@ -95,6 +103,9 @@ def invariants(
             f"{tier['asg']} desired {tier['desired_before_end']} before the end; the controller "
             f"asked for {tier['expected_desired']}",
         )
+    bill = facts.get("bill") or {}
+    if bill.get("checked"):
+        out["bill_agrees"] = _check(bool(bill.get("ok")), bill_check.detail(bill))
     left = facts.get("processes_left", [])
     out["no_processes_left"] = _check(
         not left,
@@ -173,6 +184,7 @@ def render(facts: dict[str, Any]) -> None:
         ("params equal baseline", str(facts.get("params_equal_uninterrupted"))),
         ("groups desired at end", str(facts.get("groups_desired_at_end"))),
         ("data tier", _data_tier(facts.get("data_tier"))),
+        ("bill", bill_check.detail(facts.get("bill") or {"why": "none made"})),
         ("processes left", str(len(facts.get("processes_left", [])))),
     ]
     rows += [
