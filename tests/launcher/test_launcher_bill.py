@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from small_spec import small_spec_text
 
 from training.common.jobparam import GroupPrice
 from training.common.jobrecord import JobRecord
@@ -195,31 +196,11 @@ def test_a_host_writes_its_census_and_takes_it_up_after_a_restart(tmp_path: Path
     assert record.hosts()["i-a"]["instances"] == written
 
 
-STATUS_SPEC = """
-name = "vit-bill"
-
-[[groups]]
-name = "trainer"
-role = "trainer"
-instance_types = ["g5.xlarge"]
-count = 2
-
-[[groups]]
-name = "dataprep"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-
-[job]
-steps = 10
-"""
-
-
 def test_status_shows_the_bill_so_far_and_the_recorded_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "spec.toml"
-    path.write_text(STATUS_SPEC)
+    path.write_text(small_spec_text("vit-bill"))
     spec = load_spec(path)
     job = {"job_id": "j-1", "checkpoint_uri": "s3://b/c/j-1/", "prices": [vars(p) for p in PRICES]}
     running = JobStatus(cluster="vit-bill", job=job, hosts=hosts())
