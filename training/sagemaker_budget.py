@@ -40,9 +40,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from training.common.jobparam import GroupPrice
+from training.common.names import MARKET_ON_DEMAND
 from training.prices import SOURCE_PRICE_LIST, price_lines, sagemaker_training_price
 
-ON_DEMAND = "on-demand"
 STOP_WINDOW_S = 120
 """What SageMaker gives the containers between SIGTERM and the job's end (StoppingCondition)."""
 
@@ -92,7 +92,7 @@ def price_job(
         GroupPrice(
             group=g["InstanceGroupName"],
             instance_type=g["InstanceType"],
-            market=ON_DEMAND,
+            market=MARKET_ON_DEMAND,
             count=int(g["InstanceCount"]),
             usd_per_hour=rates[g["InstanceType"]],
             source=SOURCE_PRICE_LIST,

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from training.common.names import TAG_CLUSTER, TAG_GROUP
+from training.common.names import MARKET_ON_DEMAND, MARKET_SPOT, TAG_CLUSTER, TAG_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,12 @@ def cluster_instances(ec2: Any, cluster: str, *filters: dict[str, Any]) -> Itera
 
 def tag(instance: Mapping[str, Any], key: str) -> str | None:
     return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == key), None)
+
+
+def instance_market(instance: Mapping[str, Any]) -> str:
+    """``spot`` for an instance DescribeInstances lists with ``InstanceLifecycle`` ``spot``,
+    else ``on-demand``."""
+    return MARKET_SPOT if instance.get("InstanceLifecycle") == MARKET_SPOT else MARKET_ON_DEMAND
 
 
 def list_cluster_instances(ec2: Any, cluster: str) -> dict[str, list[dict[str, Any]]]:

@@ -55,6 +55,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from training.common.names import MARKET_ON_DEMAND, MARKET_SPOT
+
 log = logging.getLogger(__name__)
 
 DEPLOYED_ID_PREFIX = "d-"
@@ -81,7 +83,7 @@ PRICE_SOURCES = ("spot-price-history", "price-list", "spec", "catalogue")
 """Where a recorded price comes from: EC2's ``DescribeSpotPriceHistory``, the Price List API,
 the spec's ``[job.prices] usd_per_hour``, or the dated offline catalogue
 (``training.instance_types``)."""
-MARKETS = ("spot", "on-demand")
+MARKETS = (MARKET_SPOT, MARKET_ON_DEMAND)
 
 
 @dataclass(frozen=True)

@@ -52,11 +52,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from training.common.hosts import tag
+from training.common.hosts import instance_market, tag
 from training.common.jobparam import GroupPrice
-from training.common.names import TAG_GROUP
+from training.common.names import MARKET_ON_DEMAND, MARKET_SPOT, TAG_GROUP
 
-SPOT, ON_DEMAND = "spot", "on-demand"
 LAUNCH_RESOLUTION_S = 1.0
 """EC2's ``LaunchTime`` is given to the second (the bill counts from its middle)."""
 UNPRICED = "unpriced"
@@ -119,7 +118,7 @@ class Sighting:
             instance_id=instance_id,
             group=value["group"],
             instance_type=str(value.get("type") or ""),
-            market=SPOT if value.get("market") == SPOT else ON_DEMAND,
+            market=MARKET_SPOT if value.get("market") == MARKET_SPOT else MARKET_ON_DEMAND,
             launched=launched,
             seen=_number(value.get("seen")),
             gone=_number(value.get("gone")),
@@ -144,7 +143,7 @@ def sighting(
         instance_id=str(instance["InstanceId"]),
         group=group,
         instance_type=str(instance.get("InstanceType") or ""),
-        market=SPOT if instance.get("InstanceLifecycle") == SPOT else ON_DEMAND,
+        market=instance_market(instance),
         launched=float(when),
         seen=seen,
         gone=gone,

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from training.common.aws import client
-from training.common.hosts import list_cluster_instances
+from training.common.hosts import instance_market, list_cluster_instances
 from training.common.jobparam import (
     MAX_ATTEMPTS,
     GroupPrice,
@@ -130,8 +130,7 @@ def collect(
                         "group": group,
                         "instance_id": inst["InstanceId"],
                         "type": inst.get("InstanceType"),
-                        "market": "spot" if inst.get("InstanceLifecycle") == "spot"
-                        else "on-demand",
+                        "market": instance_market(inst),
                         "az": inst.get("Placement", {}).get("AvailabilityZone"),
                         "address": inst.get("PrivateIpAddress"),
                     }

@@ -36,6 +36,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from training.common.hosts import instance_market
 from training.common.jobparam import JobPointer, deployed_job_id
 from training.common.names import (
     CHECKPOINT_PREFIX,
@@ -297,7 +298,7 @@ class AwsEmulator:
         for inst in (i for r in reservations for i in r.get("Instances", [])):
             tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
             spot = (cluster, tags.get(TAG_GROUP, "")) in self._spot_groups
-            if spot and inst.get("InstanceLifecycle") != "spot":
+            if spot and instance_market(inst) != Market.SPOT:
                 self._mark_spot(inst["InstanceId"])
             found.append(
                 EmulatedInstance(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from training.common.names import MARKET_ON_DEMAND, MARKET_SPOT
+
 
 class SpecError(ValueError):
     """The spec is invalid. ``problems`` holds one line per field: what is wrong and the fix."""
@@ -21,8 +23,8 @@ class Role(StrEnum):
 
 
 class Market(StrEnum):
-    SPOT = "spot"
-    ON_DEMAND = "on-demand"
+    SPOT = MARKET_SPOT
+    ON_DEMAND = MARKET_ON_DEMAND
 
 
 class Efa(StrEnum):
