@@ -6,7 +6,6 @@ the one expected; the dated catalogue is the named fallback."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
+from price_list import price_list_item
 
 from training.common.jobparam import GroupPrice
 from training.prices import offline_prices, price_groups, price_lines, spot_prices
@@ -95,49 +95,22 @@ def spot_request(types: list[str], zone: str | None = ZONE, **extra: Any) -> dic
 
 
 def product(instance_type: str, usd: str) -> str:
-    """One ``PriceList`` item: a JSON document as GetProducts returns it (the AWS CLI reference's
-    get-products example: product, serviceCode, terms.OnDemand.<sku>.<offer>.priceDimensions)."""
-    sku = "SKU" + instance_type.replace(".", "").upper()
-    return json.dumps(
-        {
-            "product": {
-                "productFamily": "Compute Instance",
-                "attributes": {
-                    "instanceType": instance_type,
-                    "regionCode": REGION,
-                    "operatingSystem": "Linux",
-                    "tenancy": "Shared",
-                    "preInstalledSw": "NA",
-                    "capacitystatus": "Used",
-                    "servicecode": "AmazonEC2",
-                },
-                "sku": sku,
-            },
-            "serviceCode": "AmazonEC2",
-            "terms": {
-                "OnDemand": {
-                    f"{sku}.JRTCKXETXF": {
-                        "priceDimensions": {
-                            f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
-                                "unit": "Hrs",
-                                "endRange": "Inf",
-                                "description": f"${usd} per On Demand Linux {instance_type}",
-                                "appliesTo": [],
-                                "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7",
-                                "beginRange": "0",
-                                "pricePerUnit": {"USD": usd},
-                            }
-                        },
-                        "sku": sku,
-                        "effectiveDate": "2026-11-01T00:00:00Z",
-                        "offerTermCode": "JRTCKXETXF",
-                        "termAttributes": {},
-                    }
-                }
-            },
-            "version": "20261101000000",
-            "publicationDate": "2026-11-01T00:00:00Z",
-        }
+    """One ``PriceList`` item for an EC2 Linux instance type."""
+    return price_list_item(
+        service="AmazonEC2",
+        family="Compute Instance",
+        attributes={
+            "instanceType": instance_type,
+            "regionCode": REGION,
+            "operatingSystem": "Linux",
+            "tenancy": "Shared",
+            "preInstalledSw": "NA",
+            "capacitystatus": "Used",
+        },
+        sku="SKU" + instance_type.replace(".", "").upper(),
+        usd=usd,
+        description=f"${usd} per On Demand Linux {instance_type}",
+        effective="2026-11-01",
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import aws_calls
 import pytest
+from price_list import price_list_item
 
 from training.common import call_log
 from training.common.jobparam import GroupPrice
@@ -55,48 +56,20 @@ def capped(**caps: float) -> str:
 
 
 def sagemaker_product(ml_type: str, usd: str) -> str:
-    """One ``PriceList`` item of service ``AmazonSageMaker`` as GetProducts returns it (a JSON
-    document: product attributes, ``terms.OnDemand.<sku>.<offer>.priceDimensions``), for a
-    training instance."""
-    sku = "SM" + ml_type.replace(".", "").upper()
-    return json.dumps(
-        {
-            "product": {
-                "productFamily": "ML Instance",
-                "attributes": {
-                    "instanceName": ml_type,
-                    "component": "Training",
-                    "regionCode": REGION,
-                    "usagetype": f"USE1-Train:{ml_type}",
-                    "servicecode": "AmazonSageMaker",
-                },
-                "sku": sku,
-            },
-            "serviceCode": "AmazonSageMaker",
-            "terms": {
-                "OnDemand": {
-                    f"{sku}.JRTCKXETXF": {
-                        "priceDimensions": {
-                            f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
-                                "unit": "Hrs",
-                                "endRange": "Inf",
-                                "description": f"${usd} per {ml_type} hour for Training",
-                                "appliesTo": [],
-                                "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7",
-                                "beginRange": "0",
-                                "pricePerUnit": {"USD": usd},
-                            }
-                        },
-                        "sku": sku,
-                        "effectiveDate": "2026-01-01T00:00:00Z",
-                        "offerTermCode": "JRTCKXETXF",
-                        "termAttributes": {},
-                    }
-                }
-            },
-            "version": "20260101000000",
-            "publicationDate": "2026-01-01T00:00:00Z",
-        }
+    """One ``PriceList`` item of service ``AmazonSageMaker`` for a training instance."""
+    return price_list_item(
+        service="AmazonSageMaker",
+        family="ML Instance",
+        attributes={
+            "instanceName": ml_type,
+            "component": "Training",
+            "regionCode": REGION,
+            "usagetype": f"USE1-Train:{ml_type}",
+        },
+        sku="SM" + ml_type.replace(".", "").upper(),
+        usd=usd,
+        description=f"${usd} per {ml_type} hour for Training",
+        effective="2026-01-01",
     )
 
 
