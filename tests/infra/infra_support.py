@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk.assertions import Template
@@ -121,6 +123,20 @@ def imported(built: BuiltApp, value: object) -> object:
         if output.get("Export", {}).get("Name") == name:
             return output["Value"]
     raise AssertionError(f"the network stack exports nothing named {name!r}")
+
+
+def statements_by_role(
+    template: Template, keep: Callable[[dict[str, Any]], bool]
+) -> dict[str, list[dict[str, Any]]]:
+    """The IAM policy statements of ``template`` that ``keep`` accepts, under the logical id of
+    each role their policy is attached to."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for res in template.find_resources("AWS::IAM::Policy").values():
+        for statement in res["Properties"]["PolicyDocument"]["Statement"]:
+            if keep(statement):
+                for role in res["Properties"]["Roles"]:
+                    found.setdefault(role["Ref"], []).append(statement)
+    return found
 
 
 def network_ref(built: BuiltApp, construct: object, attribute: str | None = None) -> object:

@@ -18,7 +18,7 @@ import pytest
 from cdk_nag import AwsSolutionsChecks
 from hub_cache import INIT, HubCache, offline_hub, write_hub_cache
 from iam_check import ACCOUNT, REGION, load_stack, requests, simulate, simulation
-from infra_support import REPO_ROOT, SPOT_SPEC, BuiltApp, build
+from infra_support import REPO_ROOT, SPOT_SPEC, BuiltApp, build, statements_by_role
 from test_infra_synth import _env_without_aws
 
 from training.common.jobparam import parse_job_pointer
@@ -74,12 +74,7 @@ def test_only_the_instance_role_may_read_it_and_only_it(built: BuiltApp) -> None
     digest, _ = _asset(built)
     stack = built.stacks.cluster
     instance_role = stack.get_logical_id(stack.instance_role.role.node.default_child)  # type: ignore[arg-type]
-    found: dict[str, list[dict[str, Any]]] = {}
-    for res in built.cluster.find_resources("AWS::IAM::Policy").values():
-        for statement in res["Properties"]["PolicyDocument"]["Statement"]:
-            if ASSETS in json.dumps(statement):
-                for role in res["Properties"]["Roles"]:
-                    found.setdefault(role["Ref"], []).append(statement)
+    found = statements_by_role(built.cluster, lambda statement: ASSETS in json.dumps(statement))
     assert found == {
         instance_role: [
             {

@@ -11,7 +11,7 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
-from infra_support import SPOT_SPEC, BuiltApp, build, cdk_context
+from infra_support import SPOT_SPEC, BuiltApp, build, cdk_context, statements_by_role
 
 from infra.job import JobParameter
 from training.common.jobparam import parse_job_pointer
@@ -65,17 +65,16 @@ def test_only_the_instance_role_may_read_it_and_only_it(spot: BuiltApp) -> None:
     param_lid, _ = _parameter(spot.cluster)
     stack = spot.stacks.cluster
     instance_role = stack.get_logical_id(stack.instance_role.role.node.default_child)  # type: ignore[arg-type]
-    ssm_statements: dict[str, list[dict[str, Any]]] = {}
-    for res in spot.cluster.find_resources("AWS::IAM::Policy").values():
-        for statement in res["Properties"]["PolicyDocument"]["Statement"]:
-            actions = statement["Action"]
-            # Reads of parameters (the SSM agent's ssm:UpdateInstanceInformation reads none).
-            if any(
-                a.startswith("ssm:GetParameter")
-                for a in ([actions] if isinstance(actions, str) else actions)
-            ):
-                for role in res["Properties"]["Roles"]:
-                    ssm_statements.setdefault(role["Ref"], []).append(statement)
+
+    def reads_parameters(statement: dict[str, Any]) -> bool:
+        # The SSM agent's ssm:UpdateInstanceInformation reads none.
+        actions = statement["Action"]
+        return any(
+            a.startswith("ssm:GetParameter")
+            for a in ([actions] if isinstance(actions, str) else actions)
+        )
+
+    ssm_statements = statements_by_role(spot.cluster, reads_parameters)
     assert ssm_statements == {
         instance_role: [
             {
