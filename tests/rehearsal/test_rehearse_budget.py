@@ -6,29 +6,25 @@ against the emulated AWS (the SSM job pointer, the groups, the job record moved 
 The capped job stops with a durable checkpoint, its record says ``stopped`` with a
 ``budget: ...`` reason and every group goes to 0; the resumed job (a new job, with its own
 clock) picks up from that checkpoint and finishes, with parameters bit-for-bit equal to an
-uncapped run's and every sample exactly once. Nothing is left running."""
+uncapped run's (the rehearsal baseline the fault rehearsals share) and every sample exactly
+once. Nothing is left running."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import aws_calls
 import pytest
 
 from training.launcher.budget import Budget
 from training.spec import load_spec
 
+from .cli_run import SPEC, STEPS, TIMEOUT_S, context
+from .cli_run import rehearse as run_rehearsal
+
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
 pytestmark = pytest.mark.aws_calls
-REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "specs" / "rehearsal.toml"
-TIMEOUT_S = 420
-STEPS = 2
 # specs/rehearsal.toml prices the cluster at 1.18 USD/h: 0.001 USD is about 3 s from the job's
 # start, which the trainers' start-up (torch, the model, the rendezvous) outlasts: each job's
 # trainers are given a millisecond and stop after their first step, with a checkpoint, whatever
@@ -41,37 +37,27 @@ MAX_USD = 0.001
 RESUMED_MAX_USD = 1.0
 
 
-def spec(tmp_path: Path, name: str, extra: str = "") -> Path:
+def spec(tmp_path: Path, name: str, extra: str = "", steps: int = STEPS) -> Path:
+    """specs/rehearsal.toml with ``extra`` job keys and ``steps`` steps."""
     text = SPEC.read_text()
-    assert "\nseed = 0\n" in text and "\nsteps = 24 " in text
-    text = text.replace("\nsteps = 24 ", f"\nsteps = {STEPS} ", 1)
+    assert "\nseed = 0\n" in text and f"\nsteps = {STEPS} " in text
+    text = text.replace(f"\nsteps = {STEPS} ", f"\nsteps = {steps} ", 1)
     path = tmp_path / f"{name}.toml"
     path.write_text(text.replace("\nseed = 0\n", f"\nseed = 0\n{extra}", 1))
     return path
 
 
 def rehearse(spec_path: Path, out: Path, *args: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "training.cli", "rehearse", "--spec", str(spec_path),
-            "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
-        ],
-        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
-        env={**os.environ, **aws_calls.recording_env(out / "aws-calls")},
-    )  # fmt: skip
-    context = f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-    report: dict[str, Any] = json.loads((out / "rehearsal.json").read_text())
-    aws_calls.check(out / "aws-calls", aws_calls.rehearsal_names(spec_path))
-    assert proc.returncode == 0 and report["failed_invariants"] == [], context
+    proc, report = run_rehearsal(out, *args, spec=spec_path)
+    assert proc.returncode == 0 and report["failed_invariants"] == [], context(proc)
     return report
 
 
 @pytest.mark.timeout(2 * TIMEOUT_S + 200)
 def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_uncapped(
-    tmp_path: Path,
+    tmp_path: Path, baseline: Path
 ) -> None:
-    baseline = tmp_path / "uncapped"
-    uncapped = rehearse(spec(tmp_path, "uncapped"), baseline, "--no-baseline")
+    uncapped = json.loads((baseline / "rehearsal.json").read_text())
     assert uncapped["outcome"] == "finished" and uncapped["stopped_jobs"] == []
 
     capped_spec = spec(tmp_path, "capped", f"max_usd = {MAX_USD}\n")
@@ -132,8 +118,9 @@ def test_with_every_launcher_gone_the_scheduled_actions_take_every_group_to_zero
 ) -> None:
     usd_per_hour = Budget.of(load_spec(spec(tmp_path, "priced"))).usd_per_hour
     spec_path = spec(
-        tmp_path, "nolauncher", f"max_usd = {usd_per_hour * BACKSTOP_DEADLINE_S / 3600.0}\n"
-    )
+        tmp_path, "nolauncher", f"max_usd = {usd_per_hour * BACKSTOP_DEADLINE_S / 3600.0}\n",
+        steps=2,
+    )  # fmt: skip
     report = rehearse(
         spec_path, tmp_path / "rehearsal", "--no-baseline", "--scenario", str(NO_LAUNCHER)
     )

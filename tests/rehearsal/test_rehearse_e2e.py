@@ -9,46 +9,20 @@ every sample is applied exactly once per epoch."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import aws_calls
 import pytest
-from made_once import made_once
+
+from .cli_run import REPO, STEPS, TIMEOUT_S, context, rehearse
 
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
 pytestmark = pytest.mark.aws_calls
-REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "specs" / "rehearsal.toml"
 ELASTIC_SPEC = REPO / "specs" / "rehearsal-elastic.toml"
-TIMEOUT_S = 420
-STEPS = 24
 INTERVAL = 4  # specs/rehearsal.toml: job.checkpoint.interval_steps
-
-
-def rehearse(
-    out: Path, *args: str, spec: Path = SPEC, env: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "training.cli", "rehearse", "--spec", str(spec),
-            "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
-        ],
-        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
-        env={**os.environ, **aws_calls.recording_env(out / "aws-calls"), **(env or {})},
-    )  # fmt: skip
-    report = json.loads((out / "rehearsal.json").read_text())
-    aws_calls.check(out / "aws-calls", aws_calls.rehearsal_names(spec))
-    return proc, report
-
-
-def context(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
 
 
 def assert_clean_end(
@@ -75,23 +49,13 @@ def instance_logs(out: Path) -> dict[str, str]:
     return {p.parent.name: p.read_text() for p in (out / "instances").glob("*/launcher.log")}
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The uninterrupted rehearsal, made once per `make test` (``made_once``): the alone test
-    compares with the parallel run's."""
-
-    def make(folder: Path) -> None:
-        proc, report = rehearse(folder / "rehearsal", "--no-baseline")
-        assert_clean_end(proc, report)
-        assert proc.returncode == 0, context(proc)
-
-    return made_once("rehearsal-baseline", make, tmp_path_factory.mktemp("baseline")) / "rehearsal"
-
-
 @pytest.mark.timeout(TIMEOUT_S + 200)
 def test_no_fault_rehearsal_finishes_cleanly(baseline: Path) -> None:
     report = json.loads((baseline / "rehearsal.json").read_text())
     assert report["outcome"] == "finished" and report["final_step"] == STEPS
+    assert report["failed_invariants"] == []
+    assert set(report["groups_desired_at_end"].values()) == {0}
+    assert report["instances_running_at_end"] == [] and report["processes_left"] == []
     assert report["samples"] and all(
         e["lost"] == 0 and e["repeated"] == 0 for e in report["samples"]
     )

@@ -1,0 +1,40 @@
+"""``hetero rehearse`` run as a user runs it (a child process of the CLI), with its AWS calls
+recorded and checked against tests/aws_calls.json: for the end-to-end rehearsal tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aws_calls
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = REPO / "specs" / "rehearsal.toml"
+TIMEOUT_S = 420
+STEPS = 24
+"""specs/rehearsal.toml's ``job.steps``."""
+
+
+def rehearse(
+    out: Path, *args: str, spec: Path = SPEC, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Rehearse ``spec`` into ``out``; the CLI's result and its report (rehearsal.json)."""
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "training.cli", "rehearse", "--spec", str(spec),
+            "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
+        env={**os.environ, **aws_calls.recording_env(out / "aws-calls"), **(env or {})},
+    )  # fmt: skip
+    report = json.loads((out / "rehearsal.json").read_text())
+    aws_calls.check(out / "aws-calls", aws_calls.rehearsal_names(spec))
+    return proc, report
+
+
+def context(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
