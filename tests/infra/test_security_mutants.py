@@ -1,5 +1,6 @@
 """The mutation check (tests/infra/security_mutants.py) under the suite: every security mutant of
-the construct code is killed by an assertion of tests/infra/test_security_invariants.py.
+the construct code is killed by an assertion of tests/infra/test_security_invariants.py, and a
+harmless edit, in the same run, is not.
 
 About a minute on 2 cores: two worker processes, each starting the CDK's jsii runtime once and
 running the invariant module on one copy of the tree after another."""
@@ -28,21 +29,32 @@ def test_an_edit_that_no_longer_matches_stops_the_check(tmp_path: Path) -> None:
         security_mutants.apply(stale, tmp_path)
 
 
-def test_every_security_mutant_is_killed(capsys: pytest.CaptureFixture[str]) -> None:
-    outcomes, _ = security_mutants.run(MUTANTS, jobs=2)
+# The check can fail: an edit that changes no property (a comment) kills no test, and the run
+# reports it as survived rather than killed. It runs with the mutants (one jsii start-up each).
+HARMLESS = Mutant(
+    "comment only",
+    security_mutants._edit("infra/network.py", "# EFA requires both", "# EFA needs both"),
+)
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, security_mutants.Outcome]:
+    ran, _ = security_mutants.run([*MUTANTS, HARMLESS], jobs=2)
+    assert [o.name for o in ran] == [m.name for m in [*MUTANTS, HARMLESS]]
+    return {o.name: o for o in ran}
+
+
+def test_every_security_mutant_is_killed(
+    outcomes: dict[str, security_mutants.Outcome], capsys: pytest.CaptureFixture[str]
+) -> None:
+    mutants = [outcomes[m.name] for m in MUTANTS]
     with capsys.disabled():
-        print("\n" + security_mutants.table(outcomes))
-    survivors = {o.name: o.killed_by for o in outcomes if not o.killed}
+        print("\n" + security_mutants.table(mutants))
+    survivors = {o.name: o.killed_by for o in mutants if not o.killed}
     assert survivors == {}
-    assert len(outcomes) == len(MUTANTS)
+    assert len(mutants) == len(MUTANTS)
 
 
-def test_a_harmless_edit_survives() -> None:
-    """The check can fail: an edit that changes no property (a comment) kills no test, and the
-    run reports it as survived rather than killed."""
-    harmless = Mutant(
-        "comment only",
-        security_mutants._edit("infra/network.py", "# EFA requires both", "# EFA needs both"),
-    )
-    [outcome], _ = security_mutants.run([harmless], jobs=1)
+def test_a_harmless_edit_survives(outcomes: dict[str, security_mutants.Outcome]) -> None:
+    outcome = outcomes[HARMLESS.name]
     assert (outcome.killed, outcome.killed_by) == (False, "survived: every invariant test passed")
