@@ -6,7 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from training.rehearsal.datatier import DesiredWatch, before_end, data_tier_facts, expected_desired
+from training.rehearsal.datatier import (
+    DesiredWatch,
+    before_end,
+    data_tier_facts,
+    expected_desired,
+    last_job,
+)
 from training.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +56,22 @@ def test_what_the_controller_asked_for() -> None:
     # A refusal (not acted) changes nothing.
     assert expected_desired(1, DECISIONS) == [1, 2, 1]
     assert before_end([1, 2, 1, 0]) == [1, 2, 1]
+
+
+def test_a_continued_job_is_compared_from_its_own_start() -> None:
+    # A stopped job's end took the group to 0; `hetero job start --resume` set it back.
+    assert last_job([1, 2, 0, 1, 2, 1, 0], 1) == [1, 2, 1, 0]
+    assert last_job([2, 0, 2, 0, 2, 1], 2) == [2, 1]
+    assert last_job([1, 2, 1, 0], 0) == [1, 2, 1, 0]
+    assert last_job([1, 2], 1) == []  # no job end seen: nothing of a later job to compare
+    # The report compares the last job's desired capacities with its controller's decisions.
+    watch = watched(1, 2, 0, 1, 1, 2, 2, 1, 0)
+    tier = data_tier_facts(
+        ELASTIC, ASGS, DECISIONS, watch, [], started_wall=START, ended_t=100.0, jobs_resumed=1
+    )
+    assert tier is not None and tier["consistent"] is True
+    assert tier["desired_before_end"] == [1, 2, 1]
+    assert facts(watch)["consistent"] is False  # read as one job, the stop looks inconsistent
 
 
 def test_the_group_that_followed_the_controller_is_consistent() -> None:

@@ -20,11 +20,12 @@ import pytest
 from training.launcher.budget import Budget
 from training.spec import load_spec
 
-from .cli_run import SPEC, STEPS, TIMEOUT_S, context
+from .cli_run import REPO, SPEC, STEPS, TIMEOUT_S, context
 from .cli_run import rehearse as run_rehearsal
 
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
 pytestmark = pytest.mark.aws_calls
+ELASTIC_SPEC = REPO / "specs" / "rehearsal-elastic.toml"
 # specs/rehearsal.toml prices the cluster at 1.18 USD/h: 0.001 USD is about 3 s from the job's
 # start, which the trainers' start-up (torch, the model, the rendezvous) outlasts: each job's
 # trainers are given a millisecond and stop after their first step, with a checkpoint, whatever
@@ -37,9 +38,11 @@ MAX_USD = 0.001
 RESUMED_MAX_USD = 1.0
 
 
-def spec(tmp_path: Path, name: str, extra: str = "", steps: int = STEPS) -> Path:
-    """specs/rehearsal.toml with ``extra`` job keys and ``steps`` steps."""
-    text = SPEC.read_text()
+def spec(
+    tmp_path: Path, name: str, extra: str = "", steps: int = STEPS, source: Path = SPEC
+) -> Path:
+    """``source`` (specs/rehearsal.toml) with ``extra`` job keys and ``steps`` steps."""
+    text = source.read_text()
     assert "\nseed = 0\n" in text and f"\nsteps = {STEPS} " in text
     text = text.replace(f"\nsteps = {STEPS} ", f"\nsteps = {steps} ", 1)
     path = tmp_path / f"{name}.toml"
@@ -60,7 +63,13 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     uncapped = json.loads((baseline / "rehearsal.json").read_text())
     assert uncapped["outcome"] == "finished" and uncapped["stopped_jobs"] == []
 
-    capped_spec = spec(tmp_path, "capped", f"max_usd = {MAX_USD}\n")
+    # The dataprep group is elastic (1 to 2) and starts at its maximum: the cap is reached with
+    # the group at MaxSize, and the job's end must leave it where nothing launches again.
+    at_max = tmp_path / "elastic-at-max.toml"
+    text = ELASTIC_SPEC.read_text()
+    assert "\ncount = 1 " in text and "\nmax_count = 2\n" in text
+    at_max.write_text(text.replace("\ncount = 1 ", "\ncount = 2 ", 1))
+    capped_spec = spec(tmp_path, "capped", f"max_usd = {MAX_USD}\n", source=at_max)
     report = rehearse(
         capped_spec, tmp_path / "capped", "--baseline", str(baseline),
         "--resume-stopped", "1", "--resume-max-usd", str(RESUMED_MAX_USD),
@@ -86,6 +95,23 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     assert set(report["groups_desired_at_end"].values()) == {0}
     assert report["instances_running_at_end"] == []
     assert report["processes_left"] == []
+
+    # Issue 27: the elastic group was at its maximum when the cap was reached, and nothing
+    # launched after the job's end: the stopped job's end set MaxSize to 0 with the desired
+    # capacity, and no instance came until `hetero job start --resume` set the groups back
+    # (MaxSize too: max_count); the continued job's end set MaxSize to 0 again.
+    events = report["events"]
+    (stop,) = [e for e in events if e["kind"] == "outcome" and "stopped" in e["message"]]
+    before_stop = [
+        e["data"] for e in events if e["kind"] == "group-desired" and e["wall"] < stop["wall"]
+    ]
+    assert [d["desired"] for d in before_stop if d["asg"] == "rehearsal-dataprep"] == [2]
+    launched = [e for e in events if e["kind"] == "instance-launched"]
+    assert not [e for e in launched if stop["wall"] <= e["wall"] < start["data"]["started"]]
+    assert sorted(e["data"]["group"] for e in launched) == ["dataprep"] * 4 + ["trainer"] * 4
+    assert (report["data_tier"]["start_count"], report["data_tier"]["max_count"]) == (2, 2)
+    assert report["groups_max_at_end"] == {"rehearsal-trainer": 0, "rehearsal-dataprep": 0}
+    assert report["invariants"]["groups_at_zero"]["ok"]
 
     # The budget's backstop (launcher/backstop.py): the first job's deadline (3 s) was too close
     # to schedule; the continued job's launchers gave each group an action at its deadline (the

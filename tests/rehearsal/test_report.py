@@ -20,6 +20,7 @@ GOOD: dict[str, Any] = {
     "end_reason": "every group at 0",
     "faults": [{"fault": "interrupt trainer:1@6", "state": "done"}],
     "groups_desired_at_end": {"rehearsal-trainer": 0, "rehearsal-dataprep": 0},
+    "groups_max_at_end": {"rehearsal-trainer": 0, "rehearsal-dataprep": 0},
     "instances_running_at_end": [],
     "scheduled_actions_at_end": [],
     "processes_left": [],
@@ -49,6 +50,7 @@ def test_a_good_run_passes_every_invariant() -> None:
         ("timed_out", True, "not_timed_out"),
         ("faults", [{"fault": "x", "state": "pending"}], "faults_applied"),
         ("groups_desired_at_end", {"rehearsal-trainer": 1}, "groups_at_zero"),
+        ("groups_max_at_end", {"rehearsal-dataprep": 2}, "groups_at_zero"),
         ("instances_running_at_end", ["i-1"], "groups_at_zero"),
         (
             "scheduled_actions_at_end",

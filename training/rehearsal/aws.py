@@ -314,12 +314,19 @@ class AwsEmulator:
             )
         return sorted(found, key=lambda i: (i.launch_time, _ip_key(i.private_ip)))
 
-    def desired_capacities(self, names: ClusterNames) -> dict[str, int]:
-        """Auto Scaling group name -> desired capacity (groups that no longer exist: absent)."""
+    def _group_sizes(self, names: ClusterNames, size: str) -> dict[str, int]:
         groups = self.client("autoscaling").describe_auto_scaling_groups(
             AutoScalingGroupNames=list(names.asg_names.values())
         )["AutoScalingGroups"]
-        return {g["AutoScalingGroupName"]: int(g["DesiredCapacity"]) for g in groups}
+        return {g["AutoScalingGroupName"]: int(g[size]) for g in groups}
+
+    def desired_capacities(self, names: ClusterNames) -> dict[str, int]:
+        """Auto Scaling group name -> desired capacity (groups that no longer exist: absent)."""
+        return self._group_sizes(names, "DesiredCapacity")
+
+    def max_sizes(self, names: ClusterNames) -> dict[str, int]:
+        """Auto Scaling group name -> MaxSize (groups that no longer exist: absent)."""
+        return self._group_sizes(names, "MaxSize")
 
     def set_desired_capacity(self, asg: str, desired: int) -> None:
         self.client("autoscaling").set_desired_capacity(

@@ -66,6 +66,15 @@ def before_end(values: Sequence[int]) -> list[int]:
     return out
 
 
+def last_job(values: Sequence[int], jobs_resumed: int) -> list[int]:
+    """The desired capacities of the last job: a stopped job's end scaled the group to 0 (an
+    elastic group's minimum is at least 1), so the values after the ``jobs_resumed``-th 0."""
+    out = list(values)
+    for _ in range(jobs_resumed):
+        out = out[out.index(0) + 1 :] if 0 in out else []
+    return out
+
+
 def data_tier_facts(
     spec: ClusterSpec,
     asg_names: Mapping[str, str],
@@ -75,18 +84,21 @@ def data_tier_facts(
     *,
     started_wall: float,
     ended_t: float,
+    jobs_resumed: int = 0,
 ) -> dict[str, Any] | None:
     """The report's ``data_tier`` entry, or None without an elastic dataprep group.
     ``instances``: the report's instance rows (``group``, ``instance``, ``launched_t``,
     ``terminated_t``); ``ended_t``: seconds since the start when the rehearsal stopped watching
-    (the end of an instance never seen terminated)."""
+    (the end of an instance never seen terminated); ``jobs_resumed``: stopped jobs the rehearsal
+    continued (the controller's ``decisions`` are the last job's, from its record; the desired
+    capacities compared with them are that job's too)."""
     elastic = [g for g in spec.dataprep_groups if g.elastic]
     if not elastic:
         return None
     group = elastic[0]
     asg = asg_names.get(group.name, "")
     history = watch.history.get(asg, [])
-    seen = collapse([v for _, v in history])
+    seen = last_job(collapse([v for _, v in history]), jobs_resumed)
     expected = expected_desired(group.count, decisions)
     rows = [i for i in instances if i["group"] == group.name]
     seconds = sum(

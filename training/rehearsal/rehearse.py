@@ -232,6 +232,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["end_reason"], facts["timed_out"] = end_reason, timed_out
         facts["stopped_jobs"] = stopped_jobs
         facts["groups_desired_at_end"] = aws.desired_capacities(names)
+        facts["groups_max_at_end"] = aws.max_sizes(names)
         facts["scheduled_actions_at_end"] = aws.scheduled_actions(names)
         facts["instances_running_at_end"] = [
             i.instance_id for i in aws.instances(names.cluster) if i.state == "running"
@@ -271,6 +272,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["instances"],
         started_wall=events.started_wall,
         ended_t=facts["wall_seconds"],
+        jobs_resumed=len(facts["stopped_jobs"]),
     )
     facts["bill"] = bill_facts(
         (facts.get("job_record") or {}).get("bill"),
@@ -370,10 +372,15 @@ def start_next_job(
         "--spec", str(spec_path), "--resume", "--region", aws.region, "--offline-prices",
         *(["--max-usd", f"{max_usd:g}"] if max_usd is not None else []),
     ]  # fmt: skip
+    started = time.time()  # the event's own time is the command's end, after its launches
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"hetero job start --resume exited {proc.returncode}: {proc.stderr}")
-    events.add("job-start", "hetero job start --resume: " + "; ".join(proc.stdout.splitlines()))
+    events.add(
+        "job-start",
+        "hetero job start --resume: " + "; ".join(proc.stdout.splitlines()),
+        started=started,
+    )
 
 
 def _save_final_checkpoint(

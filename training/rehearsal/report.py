@@ -68,11 +68,14 @@ def invariants(
     out["faults_applied"] = _check(
         not not_applied, "all fired" if not not_applied else f"not applied: {not_applied}"
     )
+    # MaxSize too: with it at 0 nothing (an elastic group's controller still running, a user's
+    # SetDesiredCapacity) launches an instance after the job's end (launcher/job_end.py).
     desired = facts.get("groups_desired_at_end", {})
+    max_sizes = facts.get("groups_max_at_end", {})
     running = facts.get("instances_running_at_end", [])
     out["groups_at_zero"] = _check(
-        all(v == 0 for v in desired.values()) and not running,
-        f"desired {desired}; {len(running)} instance(s) running",
+        all(v == 0 for v in [*desired.values(), *max_sizes.values()]) and not running,
+        f"desired {desired}; MaxSize {max_sizes}; {len(running)} instance(s) running",
     )
     # The job's end deletes the budget's scheduled action (launcher/backstop.py) from every group.
     actions = facts.get("scheduled_actions_at_end", [])
