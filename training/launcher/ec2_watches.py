@@ -186,11 +186,20 @@ class Ec2Watches:
 
     def _beat(self, done: threading.Event, every_s: float, members: list[str] | None) -> None:
         """While the role runs: a look at the cluster's instances (the census), this host's
-        state and the trainer's last metrics line."""
+        state and the trainer's last metrics line; a generation whose rendezvous waits for a
+        member that no longer runs is stopped."""
         while not done.wait(every_s):
-            self.look()
+            running = self.look()
             self.host.set(state="running", members=members, metrics=last_metrics(self.run_dir))
             if self.end_if_due():
+                return
+            # A trainer generation whose rendezvous waits for a member that is gone ends now
+            # (not on a failed look: EC2 could not be asked).
+            if (
+                members
+                and running is not None
+                and stop_if_a_member_cannot_join(self.signals, running, members)
+            ):
                 return
 
     def look(self) -> Mapping[str, list[dict[str, Any]]] | None:
@@ -248,6 +257,31 @@ class Ec2Watches:
         self.ended = outcome
         self.signals.stop(signal.SIGTERM, reason)
         return True
+
+
+def stop_if_a_member_cannot_join(
+    signals: Signals, running: Mapping[str, list[dict[str, Any]]], members: list[str]
+) -> bool:
+    """Before torchrun has started its ranks, its rendezvous waits for every member, up to the
+    rendezvous timeout. A member that no longer runs (``running``: the cluster's listing; its
+    boot gave up, it was lost) will never join: stop the generation now (True), and the job loop
+    re-forms without it, using no restart. Once the ranks run, a lost member is the collectives'
+    to notice, as before."""
+    with signals.lock:
+        sup = signals.supervisor
+    if sup is None or sup.ranks_started():
+        return False
+    listed = {i.get("InstanceId") for instances in running.values() for i in instances}
+    gone = [m for m in members if m not in listed]
+    if not gone:
+        return False
+    log.warning(
+        "member(s) %s of this generation no longer run and its rendezvous is still waiting "
+        "for them: stopping it to re-form now",
+        ", ".join(gone),
+    )
+    signals.stop(signal.SIGTERM, f"member(s) {', '.join(gone)} gone before the rendezvous")
+    return True
 
 
 def last_metrics(run_dir: Path) -> dict[str, Any] | None:

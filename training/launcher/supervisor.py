@@ -154,6 +154,16 @@ class Supervisor:
     def live(self) -> list[Child]:
         return [c for c in self.children if c.returncode is None]
 
+    def ranks_started(self) -> bool:
+        """Whether a live torchrun child (``stop_workers``) has started its ranks: torchrun starts
+        them once its rendezvous has every node."""
+        for child in self.live():
+            if child.stop_workers:
+                with contextlib.suppress(psutil.Error):
+                    if psutil.Process(child.pid).children():
+                        return True
+        return False
+
     # -- signals -----------------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
