@@ -15,6 +15,8 @@ from training.launcher.ec2_watches import stop_if_a_member_cannot_join
 from training.launcher.rank_signals import Signals
 from training.launcher.supervisor import Supervisor
 
+from .test_launcher_supervisor import wait_for
+
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 # torchrun after its rendezvous: it has started a rank (its child), which writes its pid.
 WITH_RANK = """
@@ -24,14 +26,6 @@ pathlib.Path(sys.argv[1]).write_text(str(rank.pid))
 time.sleep(600)
 """
 RUNNING = {"trainer": [{"InstanceId": "i-a"}], "dataprep": [{"InstanceId": "i-d"}]}
-
-
-def wait_for(path: Path) -> int:
-    deadline = time.monotonic() + 20
-    while not path.exists() or not path.read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    return int(path.read_text())
 
 
 def test_a_gone_member_stops_a_generation_still_in_its_rendezvous() -> None:
