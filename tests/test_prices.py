@@ -94,19 +94,23 @@ def spot_request(types: list[str], zone: str | None = ZONE, **extra: Any) -> dic
     return request | ({"AvailabilityZone": zone} if zone else {})
 
 
+# The attributes of an On-Demand Linux item on shared tenancy, as the Price List has them and as
+# the request filters on them (with the license model, which the item leaves out here).
+LINUX_SHARED_USED = {
+    "regionCode": REGION,
+    "operatingSystem": "Linux",
+    "tenancy": "Shared",
+    "preInstalledSw": "NA",
+    "capacitystatus": "Used",
+}
+
+
 def product(instance_type: str, usd: str) -> str:
     """One ``PriceList`` item for an EC2 Linux instance type."""
     return price_list_item(
         service="AmazonEC2",
         family="Compute Instance",
-        attributes={
-            "instanceType": instance_type,
-            "regionCode": REGION,
-            "operatingSystem": "Linux",
-            "tenancy": "Shared",
-            "preInstalledSw": "NA",
-            "capacitystatus": "Used",
-        },
+        attributes={"instanceType": instance_type, **LINUX_SHARED_USED},
         sku="SKU" + instance_type.replace(".", "").upper(),
         usd=usd,
         description=f"${usd} per On Demand Linux {instance_type}",
@@ -117,11 +121,7 @@ def product(instance_type: str, usd: str) -> str:
 def products_request(instance_type: str) -> dict[str, Any]:
     terms = {
         "instanceType": instance_type,
-        "regionCode": REGION,
-        "operatingSystem": "Linux",
-        "tenancy": "Shared",
-        "preInstalledSw": "NA",
-        "capacitystatus": "Used",
+        **LINUX_SHARED_USED,
         "licenseModel": "No License required",
     }
     return {
