@@ -9,8 +9,13 @@ and slows down part-way, as if a bigger model were switched in.
 - Phase 1: 16 images a step at 0.1 s a step want 160 images/s; one server gives 60, so the
   trainer waits about 62% of the time. The controller asks for ceil(1 / (1 - 0.62)) = 3
   servers (180 images/s) and then holds: waiting ~0, the servers busy ~89%, so 2 would not do.
-- Phase 2 (from step 120): 0.6 s a step want 27 images/s; the three are busy ~15%, so one
+- Phase 2 (from step 200): 0.6 s a step want 27 images/s; the three are busy ~15%, so one
   (busy ~44%, under 75%) is enough: 3 -> 1, and it holds again.
+
+Phase 1 is long so that the two new servers serve before it ends on a loaded machine too: with
+one server, steps 15 to 200 take at least 49 s. Their start took 10 s on a quiet machine and
+14 s beside two busy loops; beside the rest of the suite, phase 1 once ended (at step 120 then,
+28 s) with no shrink to follow, most likely because they served only after it ended.
 
 Asserted: exactly those two decisions (no flapping), every sample of every epoch exactly once
 and in the planned order through the scale-out and the scale-in, and every server stopped at
@@ -48,7 +53,7 @@ max_count = 4
 
 [job]
 batch_size = 16
-steps = 160
+steps = {steps}
 lr = 1e-3
 precision = "fp32"
 log_every_steps = 5
@@ -88,7 +93,9 @@ autoscale_cooldown_s = 3.0
 """
 
 RATE = 60  # images/s per server
-PACE = "0.1,120:0.6"  # seconds per step; from step 120 on, 0.6
+STEPS = 240
+PHASE_2 = 200
+PACE = f"0.1,{PHASE_2}:0.6"  # seconds per step; from step 200 on, 0.6
 
 
 def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slows(
@@ -96,7 +103,7 @@ def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slow
 ) -> None:
     run = tmp_path / "run"
     spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC.replace("{run}", str(run)))
+    spec.write_text(SPEC.replace("{run}", str(run)).replace("{steps}", str(STEPS)))
     samples = tmp_path / "samples"
     env = {
         **os.environ,
@@ -113,28 +120,34 @@ def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slow
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
     decisions = [json.loads(line) for line in (run / "autoscale.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "data_servers" in r]
+    # On failure: what the controller decided, and each look (step, time, serving, target, wait).
+    timeline = [decisions] + [
+        (r["step"], round(r["time"] - train[0]["time"], 1), r["data_servers"],
+         r["data_servers_target"], round(r["data_wait_share"], 3))
+        for r in train
+    ]  # fmt: skip
     changes = [(d["from_count"], d["to_count"]) for d in decisions if d["acted"]]
-    assert changes == [(1, 3), (3, 1)], decisions
+    assert changes == [(1, 3), (3, 1)], timeline
     grow, shrink = (d for d in decisions if d["acted"])
-    assert grow["step"] < 120 < shrink["step"]
+    assert grow["step"] < PHASE_2 < shrink["step"], timeline
     assert grow["wait_share"] > 0.4 and grow["busy_share"] > 0.9
     assert shrink["wait_share"] < 0.025 and shrink["busy_share"] < 0.3
 
     # The metrics carry the serving count and the target; once the 3 served, phase 1 ran on
     # with 3 and almost no waiting.
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "data_servers" in r]
     first = next(
         i for i, r in enumerate(train) if r["step"] > grow["step"] and r["data_servers"] == 3
     )
-    settled = [r for r in train[first:] if r["step"] <= 120]
+    settled = [r for r in train[first:] if r["step"] <= PHASE_2]
     assert len(settled) >= 4 and all(r["data_servers"] == 3 for r in settled), train
     assert statistics.median(r["data_wait_share"] for r in settled) < 0.01
     assert train[-1]["data_servers_target"] == 1 and train[-1]["data_servers"] == 1
 
     # Every sample exactly once per epoch, in the planned order, through both changes.
     logged = read_sample_logs(samples)
-    assert [r.step for r in logged] == list(range(1, 161))
+    assert [r.step for r in logged] == list(range(1, STEPS + 1))
     audits = audit_samples(logged, num_samples=1600, batch_size=16, seed=0, layout=Layout.BLOCK)
     assert [(a.lost, a.repeated, a.unplanned) for a in audits] == [(0, 0, 0)] * len(audits)
     per_epoch = 1600 // 16
