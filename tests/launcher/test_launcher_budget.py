@@ -264,9 +264,10 @@ def test_a_capped_jobs_launcher_schedules_every_group_to_zero_and_its_end_delete
     fake_imds: FakeImds,
     cap: str,
 ) -> None:
-    """The budget's backstop: with a cap, the launcher puts a scheduled action at the job's
-    deadline on every group (every size 0), and the job's end deletes them after scaling to
-    zero; without one, neither call is made."""
+    """The budget's backstop: with a cap, the launcher puts a scheduled action on every group
+    (every size 0) after the job's deadline, once its launchers have had their grace and four
+    heartbeats to end the job themselves, and the job's end deletes them after scaling to zero;
+    without one, neither call is made."""
     started = time.time() - 10
     JobRecord(URI).started(started)
     job, _ = budget_job(cluster, tmp_path, fake_imds, cap)
@@ -291,7 +292,9 @@ def test_a_capped_jobs_launcher_schedules_every_group_to_zero_and_its_end_delete
     for p in puts:
         assert p["ScheduledActionName"] == f"hetero-budget-deadline-{p['AutoScalingGroupName']}"
         assert (p["MinSize"], p["MaxSize"], p["DesiredCapacity"]) == (0, 0, 0)
-        assert p["StartTime"].timestamp() == pytest.approx(started + 3600, abs=1e-3)
+        after = job.settings.grace_s + 4 * job.settings.heartbeat_s
+        assert job.settings.backstop_after == after > 0
+        assert p["StartTime"].timestamp() == pytest.approx(started + 3600 + after, abs=1e-3)
     assert [op for op, _ in backstop[2:]] == [
         "update_auto_scaling_group", "delete_scheduled_action", "delete_scheduled_action",
     ]  # fmt: skip

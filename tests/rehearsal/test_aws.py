@@ -12,6 +12,13 @@ from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator
 from training.spec import load_spec
 
 
+def running_in(aws: AwsEmulator, group: str) -> list[str]:
+    """The running instances of the small spec's ``group``, in launch order."""
+    return [
+        i.instance_id for i in aws.instances("tiny") if i.group == group and i.state == "running"
+    ]
+
+
 def test_provision_creates_groups_tags_hook_and_bucket(aws: AwsEmulator, small_spec: Path) -> None:
     spec = load_spec(small_spec)
     names = aws.provision(spec)
@@ -60,11 +67,7 @@ def test_groups_replace_terminated_instances_and_scale_to_zero(
     names = aws.provision(load_spec(small_spec))
 
     def running(group: str) -> list[str]:
-        return [
-            i.instance_id
-            for i in aws.instances("tiny")
-            if i.group == group and i.state == "running"
-        ]
+        return running_in(aws, group)
 
     first, second = running("trainer")
     aws.terminate_instance(first)  # EC2 TerminateInstances: replaced
@@ -89,6 +92,45 @@ def test_groups_replace_terminated_instances_and_scale_to_zero(
         )
     assert running("trainer") == [] and running("dataprep") == []
     assert aws.desired_capacities(names) == {"tiny-trainer": 0, "tiny-dataprep": 0}
+
+
+def test_a_group_without_capacity_launches_nothing_until_capacity_is_back(
+    aws: AwsEmulator, small_spec: Path
+) -> None:
+    names = aws.provision(load_spec(small_spec))
+    trainer = names.asg_names["trainer"]
+
+    def running(group: str) -> list[str]:
+        return running_in(aws, group)
+
+    first, second = running("trainer")
+    aws.hold_launches(trainer)
+    aws.terminate_instance(first)  # lost: no replacement
+    assert running("trainer") == [second]
+    aws.set_desired_capacity(trainer, 3)  # no more either
+    assert running("trainer") == [second]
+    assert aws.desired_capacities(names)[trainer] == 3
+    assert aws.launches_refused == {trainer: 3}
+    dataprep_first = running("dataprep")
+    aws.terminate_instance(dataprep_first[0])  # another group is not held: replaced
+    assert len(running("dataprep")) == 1 and running("dataprep") != dataprep_first
+    assert aws.launches_refused == {trainer: 3}
+
+    aws.release_launches(trainer)  # capacity is back: the group launches what it misses
+    now = running("trainer")
+    assert second in now and len(now) == 3
+    aws.release_launches(trainer)  # nothing held: nothing more
+    assert running("trainer") == now
+
+    # Held until the job's end: the groups go to 0, and when capacity is back nothing launches.
+    aws.hold_launches(trainer)
+    aws.terminate_instance(now[0])
+    aws.client("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=trainer, MinSize=0, MaxSize=0, DesiredCapacity=0
+    )
+    assert running("trainer") == []
+    aws.release_launches(trainer)
+    assert running("trainer") == [] and aws.launches_refused[trainer] == 1
 
 
 def test_reset_starts_from_nothing(aws: AwsEmulator, small_spec: Path) -> None:

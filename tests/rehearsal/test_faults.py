@@ -52,6 +52,11 @@ REPO = Path(__file__).resolve().parents[2]
             Fault(FaultKind.KILL_DATA_SERVER, Trigger(step=5), "dataprep", 0),
         ),
         (
+            "capacity-gone",
+            "trainer:3@0s",
+            Fault(FaultKind.CAPACITY_GONE, Trigger(seconds=0.0), "trainer", 3),
+        ),
+        (
             "kill-launcher",
             "dataprep:1@20s",
             Fault(FaultKind.KILL_LAUNCHER, Trigger(seconds=20.0), "dataprep", 1),

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from training.launcher.budget import Budget
+from training.rehearsal.instances import BACKSTOP_AFTER_S as DEFAULT_BACKSTOP_AFTER_S
 from training.spec import load_spec
 
 from .cli_run import REPO, SPEC, STEPS, TIMEOUT_S, context
@@ -31,11 +32,21 @@ ELASTIC_SPEC = REPO / "specs" / "rehearsal-elastic.toml"
 # trainers are given a millisecond and stop after their first step, with a checkpoint, whatever
 # the machine's speed; the step that is the job's last still runs, and that job finishes.
 MAX_USD = 0.001
-# The continued job gets its own budget, as a user continues a stopped job with a larger cap
-# (`hetero job start --resume --max-usd`): about 50 minutes. Its clock starts at `hetero job
-# start`, before its instances boot; with the spec's 3 s, a loaded machine's launchers found it
-# spent before any trainer ran and the job stopped again without a step.
+# The continued jobs get budgets of their own, as a user continues a stopped job with a larger
+# cap (`hetero job start --resume --max-usd`). The second and third jobs lose trainers at their
+# launch with no capacity to replace them (capacity-gone) and run out WAIT_S after their start;
+# the fourth gets about 50 minutes and finishes. (Its clock starts at `hetero job start`, before
+# its instances boot; with the spec's 3 s a loaded machine's launchers found it spent before
+# any trainer ran and the job stopped again without a step.)
+WAIT_S = 20.0
 RESUMED_MAX_USD = 1.0
+# Each continued job's trainers, in launch order: the second job's are trainer:2 and 3, the
+# third's 4 and 5. The second loses one (its survivor waits for a peer that cannot come), the
+# third both (only the data servers run).
+LOST = ["trainer:3@0s", "trainer:4@0s", "trainer:5@0s"]
+# A launcher ends a spent job within a heartbeat (2 s in a rehearsal) of the deadline; one more
+# beat for the record's write on a loaded machine.
+WITHIN_S = 2 * 2.0 + 2.0
 
 
 def spec(
@@ -56,10 +67,14 @@ def rehearse(spec_path: Path, out: Path, *args: str) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.timeout(2 * TIMEOUT_S + 200)
+@pytest.mark.timeout(2 * TIMEOUT_S + 300)
 def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_uncapped(
     tmp_path: Path, baseline: Path
 ) -> None:
+    """Three stops, each by the budget, then a finish: the trainers' own stop after a step (1);
+    a survivor trainer waiting for a lost peer (2); only data servers left (3). Each is ended
+    ``stopped`` by a launcher within a heartbeat of its deadline, before the backstop's time,
+    with every group at 0 and nothing launched until the next `hetero job start --resume`."""
     uncapped = json.loads((baseline / "rehearsal.json").read_text())
     assert uncapped["outcome"] == "finished" and uncapped["stopped_jobs"] == []
 
@@ -70,22 +85,53 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     assert "\ncount = 1 " in text and "\nmax_count = 2\n" in text
     at_max.write_text(text.replace("\ncount = 1 ", "\ncount = 2 ", 1))
     capped_spec = spec(tmp_path, "capped", f"max_usd = {MAX_USD}\n", source=at_max)
+    usd_per_hour = load_spec(capped_spec).usd_per_hour()
+    wait_usd = usd_per_hour * WAIT_S / 3600.0
     report = rehearse(
         capped_spec, tmp_path / "capped", "--baseline", str(baseline),
-        "--resume-stopped", "1", "--resume-max-usd", str(RESUMED_MAX_USD),
+        "--resume-stopped", "3", "--resume-max-usd", f"{wait_usd},{wait_usd},{RESUMED_MAX_USD}",
+        *(arg for lost in LOST for arg in ("--capacity-gone", lost)),
     )  # fmt: skip
-    stopped = report["stopped_jobs"]
-    assert len(stopped) == 1, stopped  # the first job stops after step 1, the second finishes
-    (first,) = stopped
-    assert first["outcome"] == "stopped" and first["step"] == 1
-    assert first["reason"].startswith(f"budget: max_usd {MAX_USD:g} reached (")
-    assert first["reason"].endswith("continue with hetero job start --resume")
-    # The resumed job ran the real `hetero job start --resume`, read its new pointer and resumed
-    # from the stopped job's checkpoint.
-    (start,) = [e for e in report["events"] if e["kind"] == "job-start"]
-    assert "(resumes job d-" in start["message"] and "record: moved to s3://" in start["message"]
-    assert f"budget: max_usd {RESUMED_MAX_USD:g} (instead of the spec's)" in start["message"]
-    assert report["resumed_from_steps"] == [1]
+    events = report["events"]
+    runs = {e["instance"]: e["data"] for e in events if e["kind"] == "instance-launched"}
+    stops = report["stopped_jobs"]
+    assert len(stops) == 3, stops
+    for stop in stops:
+        assert stop["outcome"] == "stopped", stop
+        assert stop["reason"].startswith("budget: max_usd "), stop
+        assert stop["reason"].endswith("continue with hetero job start --resume")
+    first, waiting, servers_only = stops
+    # 1: the trainers' own check after a step; the step's checkpoint is what the rest resume.
+    assert first["step"] == 1 and first["reason"].startswith(f"budget: max_usd {MAX_USD:g} ")
+    assert runs[first["by"]]["group"] == "trainer"
+    # 2 and 3: the launchers, each within a heartbeat of its job's deadline.
+    job_starts = [e for e in events if e["kind"] == "job-start"]
+    assert len(job_starts) == 3
+    for stop, start in zip([waiting, servers_only], job_starts, strict=False):
+        earliest = start["data"]["started"] + WAIT_S  # the pointer's start is taken after this
+        assert earliest <= stop["time"] <= start["wall"] + WAIT_S + WITHIN_S, (stop, start)
+        assert stop["step"] == 1  # nothing trained: no trainer had its peers
+    assert (runs[waiting["by"]]["group"], runs[waiting["by"]]["index"]) == ("trainer", 2)
+    assert runs[servers_only["by"]]["group"] == "dataprep"
+    faults = {f["fault"]: f for f in report["faults"]}
+    lost_ids = [faults[f"capacity-gone {lost}"]["instance"] for lost in LOST]
+    assert [(runs[i]["group"], runs[i]["index"]) for i in lost_ids] == [
+        ("trainer", 3), ("trainer", 4), ("trainer", 5),
+    ]  # fmt: skip
+    # No trainer launched while its group had no capacity: each job's lost ones were not
+    # replaced (Auto Scaling's launches refused), and capacity came back with each job's end.
+    back = [e["data"] for e in events if e["kind"] == "capacity-back"]
+    assert [(b["asg"], b["refused"] >= 1) for b in back] == [("rehearsal-trainer", True)] * 2
+
+    # The continued job ran the real `hetero job start --resume` each time, read its new pointer
+    # and resumed from the first job's checkpoint.
+    for start, resumed in zip(job_starts, ["d-", "j-", "j-"], strict=True):
+        assert f"(resumes job {resumed}" in start["message"], start  # a deploy's, then its own
+        assert "record: moved to s3://" in start["message"]
+    assert (
+        f"budget: max_usd {RESUMED_MAX_USD:g} (instead of the spec's)" in job_starts[2]["message"]
+    )
+    assert report["resumed_from_steps"][-1] == 1
     assert report["outcome"] == "finished"
     assert report["job_record"]["reason"] == "training finished"
     assert report["final_step"] == STEPS
@@ -97,45 +143,56 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     assert report["processes_left"] == []
 
     # Issue 27: the elastic group was at its maximum when the cap was reached, and nothing
-    # launched after the job's end: the stopped job's end set MaxSize to 0 with the desired
+    # launched after a job's end: each stopped job's end set MaxSize to 0 with the desired
     # capacity, and no instance came until `hetero job start --resume` set the groups back
-    # (MaxSize too: max_count); the continued job's end set MaxSize to 0 again.
-    events = report["events"]
-    (stop,) = [e for e in events if e["kind"] == "outcome" and "stopped" in e["message"]]
+    # (MaxSize too: max_count); the last job's end set MaxSize to 0 again.
+    outcomes = [e for e in events if e["kind"] == "outcome" and "stopped" in e["message"]]
+    assert len(outcomes) == 3
     before_stop = [
-        e["data"] for e in events if e["kind"] == "group-desired" and e["wall"] < stop["wall"]
+        e["data"]
+        for e in events
+        if e["kind"] == "group-desired" and e["wall"] < outcomes[0]["wall"]
     ]
     assert [d["desired"] for d in before_stop if d["asg"] == "rehearsal-dataprep"] == [2]
     launched = [e for e in events if e["kind"] == "instance-launched"]
-    assert not [e for e in launched if stop["wall"] <= e["wall"] < start["data"]["started"]]
-    assert sorted(e["data"]["group"] for e in launched) == ["dataprep"] * 4 + ["trainer"] * 4
+    for stopped, start in zip(outcomes, job_starts, strict=True):
+        assert not [e for e in launched if stopped["wall"] <= e["wall"] < start["data"]["started"]]
+    assert sorted(e["data"]["group"] for e in launched) == ["dataprep"] * 8 + ["trainer"] * 8
     assert (report["data_tier"]["start_count"], report["data_tier"]["max_count"]) == (2, 2)
     assert report["groups_max_at_end"] == {"rehearsal-trainer": 0, "rehearsal-dataprep": 0}
     assert report["invariants"]["groups_at_zero"]["ok"]
 
-    # The budget's backstop (launcher/backstop.py): the first job's deadline (3 s) was too close
-    # to schedule; the continued job's launchers gave each group an action at its deadline (the
-    # job's start, to the second, plus RESUMED_MAX_USD at the cluster's price), every group to
-    # 0; none ran, and the job's end deleted them (no_scheduled_action_left). The pointer's
-    # start is taken when `hetero job start` runs, before its event is logged.
-    actions = [e["data"] for e in report["events"] if e["kind"] == "scheduled-action"]
-    hours = RESUMED_MAX_USD / load_spec(capped_spec).usd_per_hour()
-    assert sorted(a["group"] for a in actions) == ["rehearsal-dataprep", "rehearsal-trainer"]
-    for a in actions:
-        assert a["name"] == f"hetero-budget-deadline-{a['group']}"
-        assert (a["MinSize"], a["MaxSize"], a["DesiredCapacity"]) == (0, 0, 0)
-        assert start["wall"] - 30 <= a["start"] - hours * 3600 <= start["wall"] + 1, (a, start)
-    assert not [e for e in report["events"] if e["kind"] == "scheduled-action-run"]
+    # The budget's backstop (launcher/backstop.py): each job's launchers gave each group an
+    # action DEFAULT_BACKSTOP_AFTER_S past its deadline (the job's start plus its cap at the
+    # cluster's price; the first job's start is its first host's), every group to 0. None ran:
+    # the launchers ended the jobs first, and each job's end deleted them
+    # (no_scheduled_action_left).
+    actions = [e["data"] for e in events if e["kind"] == "scheduled-action"]
+    caps_s = [WAIT_S, WAIT_S, RESUMED_MAX_USD / usd_per_hour * 3600.0]
+    assert len(actions) == 2 * (1 + len(job_starts)), actions
+    for start, cap_s in zip(job_starts, caps_s, strict=True):
+        # The pointer's start is taken while the command runs (to the second).
+        late = start["wall"] - start["data"]["started"] + 1
+        deadline = start["data"]["started"] + cap_s
+        after = [a["start"] - DEFAULT_BACKSTOP_AFTER_S - deadline for a in actions]
+        mine = [a for a, d in zip(actions, after, strict=True) if -1 <= d <= late]
+        groups = sorted(a["group"] for a in mine)
+        assert groups == ["rehearsal-dataprep", "rehearsal-trainer"], (start, actions)
+        for a in mine:
+            assert a["name"] == f"hetero-budget-deadline-{a['group']}"
+            assert (a["MinSize"], a["MaxSize"], a["DesiredCapacity"]) == (0, 0, 0)
+    assert not [e for e in events if e["kind"] == "scheduled-action-run"]
     assert report["invariants"]["no_scheduled_action_left"]["ok"]
 
 
 # The backstop with no launcher left (scenarios/no-launcher-left.toml): every launcher SIGKILLed
 # 15 s into the rehearsal, the instances left running. The launchers put the backstop at their
 # loop's start (under 4 s in, with the machine busy with other tests), long before their
-# trainers' first step; the deadline is this long after the job's start, so nothing but the
-# scheduled actions can end the job.
+# trainers' first step; the deadline is this long after the job's start, after the kills, so
+# nothing but the scheduled actions can end the job (BACKSTOP_AFTER_S after the deadline).
 NO_LAUNCHER = Path(__file__).parent / "scenarios" / "no-launcher-left.toml"
-BACKSTOP_DEADLINE_S = 30.0
+BACKSTOP_DEADLINE_S = 20.0
+BACKSTOP_AFTER_S = 10.0  # no trainer is left to save
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)
@@ -148,8 +205,9 @@ def test_with_every_launcher_gone_the_scheduled_actions_take_every_group_to_zero
         steps=2,
     )  # fmt: skip
     report = rehearse(
-        spec_path, tmp_path / "rehearsal", "--no-baseline", "--scenario", str(NO_LAUNCHER)
-    )
+        spec_path, tmp_path / "rehearsal", "--no-baseline", "--scenario", str(NO_LAUNCHER),
+        "--backstop-after", str(BACKSTOP_AFTER_S),
+    )  # fmt: skip
     assert report["outcome"] == "none" and report["job_record"] is None
     assert [f["state"] for f in report["faults"]] == ["done"] * 4
     kills = [e for e in report["events"] if e["kind"] == "fault" and "runs on" in e["message"]]
@@ -162,7 +220,11 @@ def test_with_every_launcher_gone_the_scheduled_actions_take_every_group_to_zero
     assert sorted(put) == sorted(e["data"]["group"] for e in ran) == [
         "rehearsal-dataprep", "rehearsal-trainer",
     ]  # fmt: skip
-    for e in ran:  # at the deadline, by Auto Scaling alone: every launcher was gone by then
+    # The actions start BACKSTOP_AFTER_S after the deadline, which is BACKSTOP_DEADLINE_S after
+    # the job's start: about 5 s after the kills (15 s in).
+    for a in put.values():
+        assert 0 < a["start"] - BACKSTOP_AFTER_S - first_kill < 10, (a, first_kill)
+    for e in ran:  # by Auto Scaling alone: every launcher was gone by then
         assert e["data"]["start"] == put[e["data"]["group"]]["start"]
         assert 0 <= e["wall"] - e["data"]["start"] <= 3, e
         assert e["wall"] > max(k["wall"] for k in kills)

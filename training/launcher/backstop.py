@@ -1,14 +1,22 @@
 """The budget's backstop: a scheduled action on every group of the job that sets MinSize, MaxSize
-and DesiredCapacity to 0 at the budget's deadline, so the cap holds when no launcher is left to
-end the job (every one killed, hung, or gone with its instance). Auto Scaling runs it whatever
-the instances do; a termination lifecycle hook still gives a running trainer its time to save.
+and DesiredCapacity to 0 shortly after the budget's deadline, so the cap holds when no launcher
+is left to end the job (every one killed, hung, or gone with its instance). Auto Scaling runs it
+whatever the instances do; a termination lifecycle hook still gives a running trainer its time
+to save.
+
+It runs ``after_s`` past the deadline (``LoopSettings.backstop_after``: a live trainer's grace
+to save and end the job, then a heartbeat for the data servers to end it, ``tier_budget``), not
+at the deadline itself: a launcher that is there ends the job first, with the ``stopped``
+outcome and its budget reason in the job record and a checkpoint, which ``hetero job start
+--resume`` continues. Run at the deadline, the scale-in would race the launchers: a host told
+to leave by its group's termination leaves without recording an outcome.
 
 Every launcher puts it once it knows the job's start (``PutScheduledUpdateGroupAction`` creates
 or updates the action of that name: hosts that put it again change nothing, and the launchers
 of a new job, ``hetero job start --resume`` included, move it to that job's deadline); the host
 that ends the job deletes it (``job_end.end_job``). AWS refuses a start time in the past
 (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_PutScheduledUpdateGroupAction.html),
-so a deadline less than ``MIN_LEAD_S`` away is not put: the launchers end such a job themselves.
+so a start less than ``MIN_LEAD_S`` away is not put: the launchers end such a job themselves.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ ACTION_PREFIX = "hetero-budget-deadline-"
 replaces it; named apart although AWS scopes names to their group, as moto, which the
 rehearsal runs on, keys them by name alone)."""
 MIN_LEAD_S = 60.0
-"""A deadline closer than this is not scheduled (AWS refuses start times in the past)."""
+"""An action whose start is closer than this is not put (AWS refuses start times in the
+past)."""
 
 
 def action_name(asg_name: str) -> str:
@@ -41,20 +50,20 @@ def action_name(asg_name: str) -> str:
 def put_backstop(
     autoscaling: Any,
     asg_names: Sequence[str],
-    deadline: float,
+    at: float,
     *,
     now: float | None = None,
     lead_s: float = MIN_LEAD_S,
 ) -> list[str]:
-    """Schedule every named group to 0 at ``deadline`` (epoch seconds); returns the groups
-    scheduled (none when the deadline is under ``lead_s`` away). An error stops it: the
-    caller puts them all again later (``put_for_job``), which changes nothing where one is."""
+    """Schedule every named group to 0 at ``at`` (epoch seconds); returns the groups scheduled
+    (none when ``at`` is under ``lead_s`` away). An error stops it: the caller puts them all
+    again later (``put_for_job``), which changes nothing where one is."""
     now = time.time() if now is None else now
-    if deadline - now < lead_s:
-        log.info("budget deadline %.0f s away: no scheduled action (the launchers end the job)",
-                 deadline - now)  # fmt: skip
+    if at - now < lead_s:
+        log.info("budget backstop %.0f s away: no scheduled action (the launchers end the job)",
+                 at - now)  # fmt: skip
         return []
-    start = datetime.fromtimestamp(deadline, UTC)
+    start = datetime.fromtimestamp(at, UTC)
     for name in asg_names:
         autoscaling.put_scheduled_update_group_action(
             AutoScalingGroupName=name, ScheduledActionName=action_name(name), StartTime=start,
@@ -65,9 +74,14 @@ def put_backstop(
 
 
 def put_for_job(
-    autoscaling: Any, asg_names: Sequence[str], clock: JobClock, lead_s: float = MIN_LEAD_S
+    autoscaling: Any,
+    asg_names: Sequence[str],
+    clock: JobClock,
+    *,
+    after_s: float,
+    lead_s: float = MIN_LEAD_S,
 ) -> bool:
-    """``put_backstop`` at the deadline of ``clock``'s budget for the job's start
+    """``put_backstop`` ``after_s`` past the deadline of ``clock``'s budget for the job's start
     (``clock.job_start()``, asked only for a capped job: it may write the job's start); True
     once that is done or there is nothing to do (no group, no cap), False to try again later
     (the start unknown yet, or AWS failed: logged)."""
@@ -79,7 +93,7 @@ def put_for_job(
     deadline = clock.budget.deadline(started)
     if deadline is not None:
         try:
-            put_backstop(autoscaling, asg_names, deadline, lead_s=lead_s)
+            put_backstop(autoscaling, asg_names, deadline + after_s, lead_s=lead_s)
         except Exception as e:
             log.warning("the budget's scheduled action is not in place yet: %s", e)
             return False

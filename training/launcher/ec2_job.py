@@ -188,8 +188,9 @@ class Ec2Job:
             if self.signals.leaving:
                 return self._leave()
             self.backstop_put = self.backstop_put or backstop.put_for_job(
-                self.autoscaling, self.asg_names, self.clock, self.settings.backstop_lead_s
-            )
+                self.autoscaling, self.asg_names, self.clock,
+                after_s=self.settings.backstop_after, lead_s=self.settings.backstop_lead_s,
+            )  # fmt: skip
             trainer = self.group.role is Role.TRAINER
             # Before and in the peer wait (survivors bill too): no trainer runs, nothing to save.
             if trainer and self.clock.spent():

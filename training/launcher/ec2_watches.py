@@ -85,10 +85,10 @@ class Ec2Watches:
             self.checks.append((Outcome.FAILED, boots))
             trainers = [g.name for g in spec.groups if g.role is Role.TRAINER]
             if not self.trainer and trainers:
-                beats = 2 * settings.heartbeat_s  # one missed beat is not a death
                 tier_budget = TierBudgetWatch(
-                    clock, record, trainers, live_s=beats, grace_s=settings.grace_s + beats
-                )
+                    clock, record, trainers, live_s=settings.trainer_alive_s,
+                    grace_s=settings.budget_grace_s,
+                )  # fmt: skip
                 timeout_s = settings.no_trainer_timeout_s
                 self.checks.append((Outcome.STOPPED, tier_budget))
                 self.checks.append(

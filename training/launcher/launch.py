@@ -135,8 +135,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backstop-lead",
         type=float,
         default=backstop.MIN_LEAD_S,
-        help="EC2, a job with a budget: the least time before its deadline at which the "
+        help="EC2, a job with a budget: the least time before its start at which the "
         "budget's scheduled action is still put (AWS refuses start times in the past)",
+    )
+    parser.add_argument(
+        "--backstop-after",
+        type=float,
+        default=None,
+        help="EC2, a job with a budget: seconds after the budget's deadline at which its "
+        "scheduled action takes every group to 0 (default: after the launchers' own end of the "
+        "job, --grace plus four heartbeats)",
     )
     parser.add_argument(
         "--heartbeat",

@@ -42,11 +42,34 @@ class LoopSettings:
     job_poll_s: float = 30.0
     """Between reads of the job pointer while the role runs or waits (with a ``JobWatch``)."""
     backstop_lead_s: float = MIN_LEAD_S
-    """A budget deadline closer than this gets no scheduled action (``backstop.put_backstop``)."""
+    """A budget backstop whose start is closer than this is not put (``backstop.put_backstop``)."""
+    backstop_after_s: float | None = None
+    """How long after the budget's deadline its scheduled action runs (``backstop``); None:
+    ``default_backstop_after_s``, after every launcher's own end of the job."""
     lifecycle_wait_s: float = 120.0
     """After this host ended the job (groups at zero): how long it waits for its own instance to
     reach Terminating:Wait, to complete the termination hook (``job_end.complete_own_termination``;
     polled every ``spot_poll_s``). The hook's heartbeat timeout (300 s) ends any wait left."""
+
+    @property
+    def trainer_alive_s(self) -> float:
+        """A trainer host that wrote to the job record this recently is alive (two heartbeats:
+        one missed beat is not a death)."""
+        return 2 * self.heartbeat_s
+
+    @property
+    def budget_grace_s(self) -> float:
+        """After the budget's deadline, how long a live trainer has to save and end the job
+        before the data servers end it (``tier_budget``)."""
+        return self.grace_s + self.trainer_alive_s
+
+    @property
+    def backstop_after(self) -> float:
+        """``backstop_after_s``, else past the data servers' end of the job: their grace to a
+        live trainer and one heartbeat to notice it ran out, plus one to spare."""
+        if self.backstop_after_s is not None:
+            return self.backstop_after_s
+        return self.budget_grace_s + 2 * self.heartbeat_s
 
 
 def default_settings(args: Any) -> LoopSettings:
@@ -64,4 +87,5 @@ def default_settings(args: Any) -> LoopSettings:
         heartbeat_s=args.heartbeat,
         replacement_budget=args.replacement_budget,
         backstop_lead_s=args.backstop_lead,
+        backstop_after_s=args.backstop_after,
     )

@@ -121,6 +121,9 @@ class AwsEmulator:
         """(cluster, group) of every Spot group ``provision`` created."""
         self._terminated_at: dict[str, float] = {}
         """Instance id -> when moto terminated it (``_watch_terminations``)."""
+        self.launches_refused: dict[str, int] = {}
+        """Auto Scaling group -> instances it could not launch while its launches were held
+        (since the last ``hold_launches``)."""
 
     def start(self) -> AwsEmulator:
         from moto.server import ThreadedMotoServer  # heavy; only a rehearsal needs it
@@ -143,6 +146,7 @@ class AwsEmulator:
             resp.read()
         self._clients.clear()
         self._terminated_at.clear()
+        self.launches_refused.clear()
         self._watch_terminations()
 
     def _ec2_backend(self) -> Any:
@@ -371,6 +375,36 @@ class AwsEmulator:
             f"{INSTANCE_INITIATED_SHUTDOWN}: Instance initiated shutdown",
             INSTANCE_INITIATED_SHUTDOWN,
         )
+
+    def _autoscaling_group(self, asg: str) -> Any:
+        """moto's Auto Scaling group object (it runs in this process)."""
+        from moto.autoscaling.models import autoscaling_backends
+        from moto.core import DEFAULT_ACCOUNT_ID
+
+        return autoscaling_backends[DEFAULT_ACCOUNT_ID][self.region].autoscaling_groups[asg]
+
+    def hold_launches(self, asg: str) -> None:
+        """From now on the group finds no capacity: each launch it would make (a replacement, a
+        higher desired capacity) fails, as Auto Scaling's activity fails with
+        ``InsufficientInstanceCapacity`` when EC2 has none of the group's types, and the group
+        stays below its desired capacity. moto launches at once whatever capacity there is; its
+        group object's launch method is replaced until ``release_launches``."""
+        group = self._autoscaling_group(asg)
+        refused = self.launches_refused
+        refused[asg] = 0
+
+        def no_capacity(count_needed: int, propagated_tags: dict[str, str]) -> None:
+            refused[asg] = refused.get(asg, 0) + count_needed
+
+        group.replace_autoscaling_group_instances = no_capacity
+
+    def release_launches(self, asg: str) -> None:
+        """Capacity is back: the group launches what its desired capacity misses, as Auto
+        Scaling retries a failed launch."""
+        group = self._autoscaling_group(asg)
+        if "replace_autoscaling_group_instances" in vars(group):
+            del group.replace_autoscaling_group_instances
+            group.set_desired_capacity(group.desired_capacity)
 
     def _mark_spot(self, instance_id: str) -> None:
         """EC2 lists a Spot Instance with ``InstanceLifecycle`` ``spot``; moto's Auto Scaling

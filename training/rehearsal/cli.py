@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from training.rehearsal.faults import (
     parse_instance_fault,
 )
 from training.rehearsal.injector import SAVE_WATCH_S
+from training.rehearsal.instances import BACKSTOP_AFTER_S
 from training.rehearsal.rehearse import (
     DEFAULT_NOTICE_S,
     DEFAULT_TIMEOUT_S,
@@ -42,6 +44,8 @@ _FAULT_HELP = {
     "folder and, as soon as a checkpoint write is in progress there (step-N.partial), SIGKILL "
     f"its processes and terminate it (a hard loss mid-save; skipped when no write starts within "
     f"{SAVE_WATCH_S:g} s)",
+    FaultKind.CAPACITY_GONE: "SIGKILL the instance's processes and terminate it, and its group "
+    "finds no capacity until the job ends (no replacement)",
     FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",
     FaultKind.KILL_LAUNCHER: "SIGKILL the instance's processes and leave it running (a launcher "
     "gone for good: only the budget's scheduled action stops the instance)",
@@ -53,6 +57,19 @@ _LAUNCH_FAULT_HELP = {
     "no tags, so it cannot find its group): SetInstanceHealth Unhealthy, or past the "
     "replacement budget the job ends failed",
 }
+
+
+def _usd_list(text: str) -> tuple[float, ...]:
+    """``--resume-max-usd``: one or more positive amounts, comma-separated."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected positive amounts of USD, comma-separated (e.g. 0.01,1)"
+        )
+    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +109,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "launcher's own, 3)",
         )
     parser.add_argument(
+        "--backstop-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds after a capped job's deadline at which its scheduled action takes every "
+        f"group to 0 (hetero launch --backstop-after; default {BACKSTOP_AFTER_S:g}: after a "
+        "trainer that starts past the deadline has made its step and saved)",
+    )
+    parser.add_argument(
         "--resume-stopped",
         type=int,
         default=0,
@@ -101,11 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--resume-max-usd",
-        type=float,
-        default=None,
-        metavar="USD",
-        help="the budget of each continued job (`hetero job start --resume --max-usd USD`; "
-        "default: the spec's job.max_usd)",
+        type=_usd_list,
+        default=(),
+        metavar="USD[,USD...]",
+        help="the budget of each continued job (`hetero job start --resume --max-usd USD`): "
+        "the first value for the first, and so on, the last for every later one (default: the "
+        "spec's job.max_usd)",
     )
     parser.add_argument(
         "--notice-seconds",
@@ -151,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [("--timeout", "more than 0 seconds")] if args.timeout <= 0 else []
     values = {"notice-seconds": notice, "resume-stopped": args.resume_stopped}
     values |= {f"{b}-budget": getattr(args, f"{b}_budget") for b in ("restart", "replacement")}
+    values["backstop-after"] = args.backstop_after
     bad += [(f"--{k}", "0 or more") for k, v in values.items() if v is not None and v < 0]
     if bad:
         print(f"hetero rehearse: {bad[0][0]} must be {bad[0][1]}", file=sys.stderr)
@@ -169,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         launcher_args=tuple(
             arg
             for flag, value in values.items()
-            if flag.endswith("-budget") and value is not None
+            if flag.endswith(("-budget", "backstop-after")) and value is not None
             for arg in (f"--{flag}", str(value))
         ),
     )

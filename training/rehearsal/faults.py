@@ -11,6 +11,7 @@ A scenario file holds the same lists under the flag names, plus optional expecta
 
     name = "one-spot-interruption"
     interrupt = ["trainer:1@10"]
+    capacity-gone = ["trainer:0@12"]
     s3-outage = ["20:5"]
     boot-fail = ["dataprep:0"]
     notice-seconds = 15
@@ -52,6 +53,11 @@ class FaultKind(StrEnum):
     KILL_LAUNCHER = "kill-launcher"
     """SIGKILL the instance's whole process tree and leave the instance running: its launcher
     gone for good (Docker's restarts spent, a hung host), so nothing on it ends the job."""
+    CAPACITY_GONE = "capacity-gone"
+    """SIGKILL the instance's whole process tree and terminate it, and from then until the job
+    ends its group finds no capacity (its launches fail, as with ``InsufficientInstanceCapacity``
+    when a Spot pool is reclaimed): no replacement comes. The next job (``--resume-stopped``)
+    launches as usual."""
     KILL_DATA_SERVER = "kill-data-server"
     """SIGKILL the ``hetero serve`` tree of a dataprep instance and terminate the instance."""
     S3_OUTAGE = "s3-outage"

@@ -16,6 +16,9 @@
   ``save_watch_s`` (or the instance gone first): the fault is skipped, with the reason.
 - ``crash``: from the trigger on, every trainer worker that runs on the instance is SIGKILLed
   (a trainer that keeps crashing: the launcher's restart budget runs out).
+- ``capacity-gone``: the group's launches are held (``AwsEmulator.hold_launches``), then as
+  ``kill``: no replacement launches until the job ends (``release_capacity``, called by the
+  rehearsal before it continues a stopped job, and at the end).
 - ``kill-data-server``: SIGKILL the ``hetero serve`` tree of a dataprep instance, then
   TerminateInstances.
 - ``kill-launcher``: SIGKILL the whole process tree and leave the instance running (a launcher
@@ -197,6 +200,8 @@ class FaultInjector(threading.Thread):
         self._stopped = threading.Event()
         self._helpers: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._held: set[str] = set()
+        """Auto Scaling groups whose launches a ``capacity-gone`` holds."""
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -252,6 +257,7 @@ class FaultInjector(threading.Thread):
         for t in self._helpers:
             t.join(timeout=15)
         self.proxy.set_reachable(True)
+        self.release_capacity()
 
     # -- firing ------------------------------------------------------------------------------
 
@@ -277,6 +283,7 @@ class FaultInjector(threading.Thread):
             FaultKind.KILL: self._kill,
             FaultKind.KILL_IN_SAVE: self._kill_in_save,
             FaultKind.CRASH: self._crash,
+            FaultKind.CAPACITY_GONE: self._capacity_gone,
             FaultKind.KILL_DATA_SERVER: self._kill_data_server,
             FaultKind.KILL_LAUNCHER: self._kill_launcher,
             FaultKind.S3_OUTAGE: self._s3_outage,
@@ -367,6 +374,30 @@ class FaultInjector(threading.Thread):
         pids = self.simulator.kill_tree(run)
         self._say(rec, run, f"SIGKILL {len(pids)} process(es) at step {rec.step_at_fire}")
         self._terminate(rec, run)
+
+    def _capacity_gone(self, rec: FaultRecord, run: InstanceRun | None) -> None:
+        assert run is not None and rec.fault.group is not None
+        asg = self.names.asg_names[rec.fault.group]
+        with self._lock:
+            self._held.add(asg)
+        self.aws.hold_launches(asg)
+        pids = self.simulator.kill_tree(run)
+        self._say(rec, run, f"{asg} finds no capacity from now until the job ends; SIGKILL "
+                  f"{len(pids)} process(es) at step {rec.step_at_fire}")  # fmt: skip
+        self._terminate(rec, run)
+
+    def release_capacity(self) -> None:
+        """Capacity is back for every group a ``capacity-gone`` held (the job ended): each
+        launches what its desired capacity misses (none when the job's end set it to 0)."""
+        with self._lock:
+            held, self._held = sorted(self._held), set()
+        for asg in held:
+            self.aws.release_launches(asg)
+            refused = self.aws.launches_refused.get(asg, 0)
+            self.events.add(
+                "capacity-back", f"{asg} finds capacity again ({refused} launch(es) refused)",
+                asg=asg, refused=refused,
+            )  # fmt: skip
 
     def _kill_launcher(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None

@@ -61,6 +61,12 @@ SPOT_POLL_S = 0.5
 RESTART_BACKOFF_S = 2.0
 BACKSTOP_LEAD_S = 5.0
 """``hetero launch --backstop-lead`` of every emulated instance."""
+BACKSTOP_AFTER_S = 60.0
+"""``hetero launch --backstop-after`` of every emulated instance (``hetero rehearse
+--backstop-after`` sets another): the budget's scheduled action runs this long after its
+deadline. A launcher that is there ends the job within a heartbeat of the deadline (2 s), but a
+trainer that starts just past it still makes its step and saves, and on a loaded machine its
+start alone took up to 40 s. (The rehearsal's scale-in terminates at once: no lifecycle wait.)"""
 LAUNCHER_LOG = "launcher.log"
 # Variables of the rehearsal's own environment an instance must not inherit: an instance learns
 # its group from its tags, and real credentials must never reach moto's clients.
@@ -123,10 +129,12 @@ def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> 
         # not 30.
         "--heartbeat",
         "2",
-        # The budget's scheduled action is still put 5 s before its deadline, not 60 (time
-        # scaled down like the notice).
+        # The budget's scheduled action is still put 5 s before its start, not 60 (time scaled
+        # down like the notice), and runs BACKSTOP_AFTER_S after the deadline.
         "--backstop-lead",
         str(BACKSTOP_LEAD_S),
+        "--backstop-after",
+        str(BACKSTOP_AFTER_S),
         *extra,
     ]
 

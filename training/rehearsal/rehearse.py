@@ -85,8 +85,9 @@ class RehearsalOptions:
     resume_stopped: int = 0
     """How many times a job that ends ``stopped`` (its budget) is continued with
     ``hetero job start --resume`` (the real command, against the emulated AWS)."""
-    resume_max_usd: float | None = None
-    """The continued job's own budget (``--max-usd``); None: the spec's."""
+    resume_max_usd: tuple[float, ...] = ()
+    """Each continued job's own budget (``--max-usd``), in order, the last for every later one;
+    empty: the spec's."""
 
 
 def spec_digest(path: Path) -> str:
@@ -329,7 +330,10 @@ def _watch(
         if launched and not live and not injector.busy() and all(v == 0 for v in desired.values()):
             if outcome == "stopped" and len(stopped_jobs) < options.resume_stopped:
                 stopped_jobs.append({**(record or {}), "step": steps.current_step()})
-                start_next_job(options.spec_path, aws, events, max_usd=options.resume_max_usd)
+                injector.release_capacity()  # capacity-gone holds until the job's end
+                caps = options.resume_max_usd
+                max_usd = caps[min(len(stopped_jobs), len(caps)) - 1] if caps else None
+                start_next_job(options.spec_path, aws, events, max_usd=max_usd)
                 outcome = None
                 continue
             return "every group at 0 and every instance terminated", False
