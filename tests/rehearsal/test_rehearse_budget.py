@@ -111,7 +111,16 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
         earliest = start["data"]["started"] + WAIT_S  # the pointer's start is taken after this
         assert earliest <= stop["time"] <= start["wall"] + WAIT_S + WITHIN_S, (stop, start)
         assert stop["step"] == 1  # nothing trained: no trainer had its peers
-    assert (runs[waiting["by"]]["group"], runs[waiting["by"]]["index"]) == ("trainer", 2)
+    # 2: the survivor (trainer:2) was still there, waiting, when the job ended: its launcher
+    # checks the budget in the peer wait, and the data servers' (tier_budget) see no live
+    # trainer once it has not written for two heartbeats; whichever looks first ends the job.
+    survivor = next(i for i, r in runs.items() if (r["group"], r["index"]) == ("trainer", 2))
+    (gone,) = [
+        e for e in events if e["kind"] == "instance-terminated" and e["instance"] == survivor
+    ]
+    assert gone["wall"] > waiting["time"], (gone, waiting)
+    assert waiting["by"] == survivor or runs[waiting["by"]]["group"] == "dataprep", waiting
+    # 3: no trainer at all: a data server's launcher.
     assert runs[servers_only["by"]]["group"] == "dataprep"
     faults = {f["fault"]: f for f in report["faults"]}
     lost_ids = [faults[f"capacity-gone {lost}"]["instance"] for lost in LOST]
@@ -221,9 +230,12 @@ def test_with_every_launcher_gone_the_scheduled_actions_take_every_group_to_zero
         "rehearsal-dataprep", "rehearsal-trainer",
     ]  # fmt: skip
     # The actions start BACKSTOP_AFTER_S after the deadline, which is BACKSTOP_DEADLINE_S after
-    # the job's start: about 5 s after the kills (15 s in).
-    for a in put.values():
-        assert 0 < a["start"] - BACKSTOP_AFTER_S - first_kill < 10, (a, first_kill)
+    # the job's start (its first host's, before the kills 15 s in): after the kills.
+    for a in put.values():  # the job's start: its first host's, after the rehearsal's start
+        assert 0 < a["start"] - BACKSTOP_AFTER_S - first_kill <= BACKSTOP_DEADLINE_S, (
+            a,
+            first_kill,
+        )
     for e in ran:  # by Auto Scaling alone: every launcher was gone by then
         assert e["data"]["start"] == put[e["data"]["group"]]["start"]
         assert 0 <= e["wall"] - e["data"]["start"] <= 3, e
