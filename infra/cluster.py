@@ -260,6 +260,15 @@ class InstanceRole(Construct):
                 resources=["*"],
             )
         )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SpotPrices",
+                # A deploy's job is priced by its first host (training/launcher/deploy_prices.py):
+                # the Spot price in its AZ now. No resource-level permissions: Resource "*".
+                actions=["ec2:DescribeSpotPriceHistory"],
+                resources=["*"],
+            )
+        )
         asg_arns = [
             stack.format_arn(
                 service="autoscaling",

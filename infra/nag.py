@@ -20,6 +20,7 @@ REASON_STAR_REQUIRED = (
     "These actions support no resource-level permissions, so AWS requires Resource '*': "
     "ecr:GetAuthorizationToken (registry login), ec2:DescribeInstances and "
     "autoscaling:DescribeAutoScalingInstances (peer and data server discovery), "
+    "ec2:DescribeSpotPriceHistory (a deploy's job priced by its first host), "
     "and, for SageMaker, cloudwatch:PutMetricData (scoped by a cloudwatch:namespace condition "
     "instead) and the EC2 Describe* actions it needs to join the cluster subnet. The exception: "
     "SageMaker's four network-interface actions, which AWS documents on '*' for training jobs "

@@ -6,17 +6,33 @@ the one expected; the dated catalogue is the named fallback."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from botocore.stub import Stubber
+from botocore.stub import ANY, Stubber
 from price_list import price_list_item
 
-from training.common.jobparam import GroupPrice
-from training.prices import offline_prices, price_groups, price_lines, spot_prices
+from training.common.jobparam import (
+    GroupPrice,
+    JobPointer,
+    deployed_job_pointer,
+    prices_from_json,
+)
+from training.common.jobrecord import JobRecord
+from training.launcher.budget import Budget
+from training.launcher.deploy_prices import deploy_job_prices
+from training.prices import (
+    NO_PRICE_LIST,
+    offline_prices,
+    price_groups,
+    price_lines,
+    spot_prices,
+)
 from training.spec import ClusterSpec, parse_spec
 
 REGION = "us-east-1"
@@ -311,3 +327,67 @@ def test_the_prices_as_a_table() -> None:
         "dataprep  4 x c7i.4xlarge  spot       0.2700      1.0800  spec",
         "total at its most: 3.0920 USD/h",
     ]
+
+
+# -- a deploy's job, priced by its first host (training/launcher/deploy_prices.py) -------------
+
+
+def test_a_deploys_first_host_prices_spot_from_aws_and_records_it_for_every_other_host(
+    clients: tuple[Any, Stubber, Any, Stubber], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spot in the instance's AZ from DescribeSpotPriceHistory; On-Demand from the catalogue
+    (no Price List from the cluster's subnets), with a warning; recorded once in the job
+    record, which later hosts (and a restarted launcher) read without asking AWS again."""
+    ec2, ec2_stub, _, _ = clients  # the Price List's stub gets no call
+    ec2_stub.add_response(
+        "describe_spot_price_history",
+        {
+            "SpotPriceHistory": [
+                spot("c6i.4xlarge", "0.2500", 10),
+                spot("c7i.4xlarge", "0.2700", 20),
+            ]
+        },
+        spot_request(["c6i.4xlarge", "c7i.4xlarge"]) | {"StartTime": ANY, "EndTime": ANY},
+    )
+    spec, record = make_spec(), JobRecord(f"{tmp_path}/ckpt")
+    deployed = deployed_job_pointer("name = 'priced'\n", "s3://ckpt/checkpoints/")
+    with caplog.at_level(logging.WARNING, logger="training.prices"):
+        first = deploy_job_prices(spec, deployed, record, ec2=ec2, zone=ZONE, region=REGION)
+    assert first is not None
+    trainer, dataprep = first
+    assert (dataprep.instance_type, dataprep.count, dataprep.usd_per_hour, dataprep.source) == (
+        "c7i.4xlarge", 4, 0.27, "spot-price-history",
+    )  # fmt: skip
+    assert (trainer.instance_type, trainer.count, trainer.source) == ("g5.xlarge", 2, "catalogue")
+    assert trainer.usd_per_hour == pytest.approx(1.006)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"On-Demand price of {t} in {REGION}: {NO_PRICE_LIST}; {FALLBACK})"
+        for t in ("g6.xlarge", "g5.xlarge")
+    ]
+    assert prices_from_json(record.prices(), source="test") == first
+    # Every other host: the record's prices, no call (the stub has no response left).
+    again = deploy_job_prices(spec, deployed, record, ec2=ec2, zone=ZONE, region=REGION)
+    assert again == first
+    budget = Budget.of(spec, deployed, recorded=again)
+    assert budget.usd_per_hour == pytest.approx(2 * 1.006 + 4 * 0.27)
+    assert budget.priced == f"catalogue {CATALOGUE}, spot-price-history {first[1].as_of}"
+
+
+def test_a_job_start_or_a_jobless_host_is_not_priced_here_and_a_failed_price_is_not_recorded(
+    clients: tuple[Any, Stubber, Any, Stubber], tmp_path: Path
+) -> None:
+    ec2, ec2_stub, _, _ = clients
+    spec, record = make_spec(), JobRecord(f"{tmp_path}/ckpt")
+    priced = GroupPrice("dataprep", "c7i.4xlarge", "spot", 4, 0.3, "spot-price-history", STAMP)
+    started = JobPointer("j-20261122T100000-ab12", "s3://ckpt/j/", STAMP, prices=(priced,))
+    # `hetero job start` recorded the prices in the pointer; a host without a record (SageMaker,
+    # a local run) has nowhere to keep them: no call either way.
+    assert deploy_job_prices(spec, started, record, ec2=ec2, zone=ZONE, region=REGION) is None
+    assert deploy_job_prices(spec, None, None, ec2=ec2, zone=ZONE, region=REGION) is None
+    # EC2 did not answer: this host prices Spot from the catalogue and records nothing, so the
+    # next host asks AWS again.
+    ec2_stub.add_client_error("describe_spot_price_history", "RequestLimitExceeded")
+    deployed = deployed_job_pointer("name = 'priced'\n", "s3://ckpt/checkpoints/")
+    fallback = deploy_job_prices(spec, deployed, record, ec2=ec2, zone=ZONE, region=REGION)
+    assert fallback is not None and {p.source for p in fallback} == {"catalogue"}
+    assert record.prices() is None

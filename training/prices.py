@@ -88,19 +88,27 @@ def offline_prices(spec: ClusterSpec) -> Priced:
     )
 
 
+NO_PRICE_LIST = (
+    "the Price List API is not reachable from the cluster's subnets (no route out, and no "
+    "Price List endpoint in the VPC)"
+)
+"""Why a price ``price_groups`` is asked for without a Price List client is the catalogue's."""
+
+
 def price_groups(
     spec: ClusterSpec,
     *,
     ec2: Any,
-    pricing: Any,
+    pricing: Any | None,
     zones: Mapping[str, Sequence[str]],
     region: str,
     now: datetime | None = None,
 ) -> Priced:
     """Every group at its most from AWS's prices at ``now``: Spot in the group's AZs
     (``zones``: group name -> the AZs its Auto Scaling group spans; none: any AZ of
-    ``region``, the dearest), On-Demand from the Price List. A price AWS does not give (an
-    error, no credentials, no answer) comes from the catalogue, with a warning."""
+    ``region``, the dearest), On-Demand from the Price List (``pricing`` None: not reachable,
+    ``NO_PRICE_LIST``). A price AWS does not give (an error, no credentials, no answer) comes
+    from the catalogue, with a warning."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
     stamp = f"{now:%Y-%m-%dT%H:%M:%SZ}"
     warnings: list[str] = []
@@ -134,6 +142,9 @@ def price_groups(
             live[(t, Market.SPOT.value, spot_zone)] = (spot_usd, SOURCE_SPOT, stamp)
     for t in dict.fromkeys(on_demand_wanted):
         what = f"On-Demand price of {t} in {region}"
+        if pricing is None:
+            warnings.append(_fallback(spec, what, NO_PRICE_LIST))
+            continue
         try:
             usd = on_demand_price(pricing, t, region)
         except Exception as e:  # botocore's errors, or a Price List answer it cannot read

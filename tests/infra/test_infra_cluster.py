@@ -43,6 +43,7 @@ from training.common.names import (
 STAR_ONLY_ACTIONS = {
     "ecr:GetAuthorizationToken",
     "ec2:DescribeInstances",
+    "ec2:DescribeSpotPriceHistory",
     "autoscaling:DescribeAutoScalingInstances",
     "autoscaling:DescribeAutoScalingGroups",
     # The SSM agent's Session Manager actions (UpdateInstanceInformation's resource types are

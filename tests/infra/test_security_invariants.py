@@ -51,6 +51,8 @@ STAR_RESOURCE_ACTIONS: dict[str, str] = {
     "ecr:GetAuthorizationToken": f"no resource types ({SAR}amazonelasticcontainerregistry.html)",
     # Peer discovery.
     "ec2:DescribeInstances": EC2_DESCRIBE,
+    # A deploy's job priced by its first host (training/launcher/deploy_prices.py).
+    "ec2:DescribeSpotPriceHistory": EC2_DESCRIBE,
     # Which peers their group is terminating; the data-tier controller's group.
     "autoscaling:DescribeAutoScalingInstances": f"no resource types ({SAR}amazonec2autoscaling"
     ".html)",
@@ -587,6 +589,7 @@ def test_instance_role_may_do_only_what_the_launcher_needs(built: BuiltApp) -> N
             "*",
             "PeerDiscovery",
         ),
+        _allow(["ec2:DescribeSpotPriceHistory"], "*", "SpotPrices"),
         _allow(
             [
                 "ssm:UpdateInstanceInformation",

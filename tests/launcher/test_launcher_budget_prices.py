@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from training.common.jobparam import GroupPrice, JobPointer, deployed_job_pointer
+from training.common.jobparam import GroupPrice, JobPointer, deployed_job_pointer, prices_to_json
 from training.common.jobrecord import JobRecord
 from training.launcher.budget import Budget
-from training.launcher.status import JobStatus, budget_line, prices_text
+from training.launcher.status import JobStatus, budget_line, prices_text, recorded
+from training.prices import price_lines
 from training.spec import ClusterSpec, parse_spec
 
 STAMP = "2026-11-22T10:00:00Z"
@@ -84,9 +85,9 @@ def test_a_deploys_job_is_priced_at_its_most_from_the_catalogue_with_a_warning(
     assert budget.limit_s() == pytest.approx(1.5 / at_most * 3600.0)
     assert budget.priced == "catalogue 2026-07-20"
     assert [r.getMessage() for r in caplog.records] == [
-        f"job {pointer.job_id} records no prices (a deploy's job; `hetero job start` records "
-        "the day's prices from AWS): its budget prices every group at its most from the offline "
-        "catalogue of 2026-07-20"
+        f"job {pointer.job_id} records no prices (neither its pointer, as `hetero job start` "
+        "writes them, nor its record, as a deploy's first host does): its budget prices every "
+        "group at its most from the offline catalogue of 2026-07-20"
     ]
 
 
@@ -110,7 +111,17 @@ def test_status_shows_the_recorded_prices_and_the_spend_at_them(
     )
     deployed = JobStatus(cluster="capped", job={"job_id": "d-0123456789ab", "checkpoint_uri": URI})
     assert prices_text(deployed.job or {}) == [
-        "prices: none recorded in the job pointer (a deploy's job): its budget prices the groups "
-        "at their most from the spec and the dated catalogue"
+        "prices: none recorded in the job pointer or the job record: its budget prices the "
+        "groups at their most from the spec and the dated catalogue"
     ]
     assert prices_text({}) == []
+    # A deploy's job whose first host priced it: the record's prices, in the spend as well.
+    deployed.recorded_prices = prices_to_json(PRICES)
+    assert prices_text(deployed.job or {}, recorded(deployed)) == [
+        "prices at the job's start (its first host's, in the job record), each at its most:",
+        *[f"  {line}" for line in price_lines(PRICES)],
+    ]
+    record.started(started)
+    assert budget_line(spec, deployed, record, now=started + 900).startswith(
+        f"0.75 USD over 0.25 h at 3.00 USD/h from spot-price-history {STAMP}, catalogue"
+    )

@@ -6,8 +6,11 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+import pytest
+
 from training.common.names import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
 from training.launcher.backstop import action_name, put_backstop, remove_backstop
+from training.prices import offline_prices, price_groups
 from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator
 from training.spec import load_spec
 
@@ -131,6 +134,29 @@ def test_a_group_without_capacity_launches_nothing_until_capacity_is_back(
     assert running("trainer") == []
     aws.release_launches(trainer)
     assert running("trainer") == [] and aws.launches_refused[trainer] == 1
+
+
+def test_spot_prices_are_the_specs_catalogue_estimate_dated_now(
+    aws: AwsEmulator, small_spec: Path
+) -> None:
+    """moto answers 0.00001 USD/h for every type; the emulator answers what the spec's offline
+    prices estimate, so a job priced from AWS there gets the budget the catalogue gives."""
+    spec = load_spec(small_spec)
+    aws.provision(spec)
+    zone = f"{aws.region}a"
+    priced = price_groups(
+        spec, ec2=aws.client("ec2"), pricing=None, zones={g.name: [zone] for g in spec.groups},
+        region=aws.region,
+    )  # fmt: skip
+    assert priced.warnings == ()  # every group is Spot, and EC2 priced each
+    assert {p.source for p in priced.prices} == {"spot-price-history"}
+    offline = offline_prices(spec).prices
+    assert [(p.group, p.count, p.instance_type) for p in priced.prices] == [
+        (p.group, p.count, p.instance_type) for p in offline
+    ]
+    for live, catalogue in zip(priced.prices, offline, strict=True):
+        assert live.usd_per_hour == pytest.approx(catalogue.usd_per_hour, abs=1e-6)
+        assert live.usd_per_hour > 0.01  # not moto's 0.00001
 
 
 def test_reset_starts_from_nothing(aws: AwsEmulator, small_spec: Path) -> None:

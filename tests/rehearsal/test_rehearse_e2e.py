@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
-from .cli_run import REPO, STEPS, TIMEOUT_S, context, rehearse
+from training.prices import offline_prices
+from training.spec import load_spec
+
+from .cli_run import REPO, SPEC, STEPS, TIMEOUT_S, context, rehearse
 
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
 pytestmark = pytest.mark.aws_calls
@@ -67,14 +70,21 @@ def test_no_fault_rehearsal_finishes_cleanly(baseline: Path) -> None:
         "dataprep", "dataprep", "trainer", "trainer",
     ]  # fmt: skip
     assert all(e["data"]["private_ip"].startswith("127.0.1.") for e in launched)
-    # The job's end recorded its bill: both groups, Spot, at the catalogue's prices (a deploy's
-    # job), every instance in it, and it agrees with the simulator's count (about 40 s per
-    # instance: within 1 % apart from LaunchTime's second, which alone may be 1.25 %).
+    # The job's end recorded its bill: both groups, Spot, at the prices its first host read from
+    # EC2 (a deploy's job: DescribeSpotPriceHistory, which the emulator answers with the spec's
+    # catalogue estimate), every instance in it, and it agrees with the simulator's count
+    # (about 40 s per instance: within 1 % apart from LaunchTime's second, which alone may be
+    # 1.25 %).
     bill = report["job_record"]["bill"]
     assert [(line["group"], line["market"], line["instances"]) for line in bill["lines"]] == [
         ("trainer", "spot", 2), ("dataprep", "spot", 2),
     ]  # fmt: skip
-    assert {line["source"] for line in bill["lines"]} == {"catalogue"} and bill["usd"] > 0
+    assert {line["source"] for line in bill["lines"]} == {"spot-price-history"}
+    estimate = {p.group: p.usd_per_hour for p in offline_prices(load_spec(SPEC)).prices}
+    assert {line["group"]: line["usd_per_hour"] for line in bill["lines"]} == pytest.approx(
+        estimate
+    )
+    assert bill["usd"] > 0
     assert report["invariants"]["bill_agrees"]["ok"], report["bill"]
     assert report["bill"]["missing_from_bill"] == [], report["bill"]
 

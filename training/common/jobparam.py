@@ -260,6 +260,21 @@ def _parse_prices(value: Any, problems: list[str]) -> tuple[GroupPrice, ...] | N
     return tuple(found)
 
 
+def prices_to_json(prices: tuple[GroupPrice, ...]) -> list[dict[str, Any]]:
+    """``prices`` as the pointer's ``prices`` holds them (and the job record's ``prices.json``)."""
+    return [asdict(p) for p in prices]
+
+
+def prices_from_json(value: Any, *, source: str) -> tuple[GroupPrice, ...] | None:
+    """Prices as ``prices_to_json`` wrote them; None when absent, or (logged) not readable."""
+    problems: list[str] = []
+    prices = _parse_prices(value, problems)
+    if problems:
+        log.warning("%s: prices ignored: %s", source, "; ".join(problems))
+        return None
+    return prices
+
+
 def _float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
 

@@ -9,6 +9,9 @@ Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
   over: a host that starts or restarts afterwards does not run the role again.
 - ``started.json``: ``{"started": <epoch seconds>}``, the job's start for its budget when the job
   pointer has none (a deploy's job), written by the first host that needs it.
+- ``prices.json``: ``{"prices": [...]}``, each group's price at its most (as the pointer's
+  ``prices``) when the job pointer has none (a deploy's job), priced from AWS by the first host
+  that needs them (``training.launcher.deploy_prices``).
 - ``leaving/<instance-id>.json``: a host that got an interruption notice or an Auto Scaling
   termination says so here first, so the others re-form the job without it while it is still
   running (EC2 keeps it ``running`` until the termination).
@@ -120,6 +123,16 @@ class JobRecord:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
         return None
+
+    def prices(self) -> Any:
+        """``prices.json``'s prices as written (None: no host has written them)."""
+        current = self._get_json("prices.json")
+        return current.get("prices") if current else None
+
+    def record_prices(self, prices: Any) -> None:
+        """The job's prices (``jobparam.prices_to_json``). Hosts that start together may both
+        write; the last write stays for everyone after."""
+        self._put_json("prices.json", {"prices": prices})
 
     # -- hosts -------------------------------------------------------------------------------
 

@@ -8,10 +8,12 @@ since that start: every group at its most (``max_size`` instances, an elastic gr
 ``max_count``, of the dearest listed type in its market: ``training.prices``), priced when
 ``hetero job start`` ran and recorded in the job pointer (``JobPointer.prices``: Spot price
 history and the Price List that day, the spec's ``[job.prices]``, the dated catalogue where AWS
-gave none). A job whose pointer records no prices (the job a deploy started: a template cannot
-ask AWS) is priced from the spec and the dated catalogue (``prices.offline_prices``), with a
-warning naming the catalogue's date. The instances then cost at most that per hour while they
-run, so the cap bounds their spend; EBS volumes, VPC endpoints and data transfer are not in it.
+gave none). A job whose pointer records no prices (the job a deploy started: the stack writes
+its pointer without them) is priced by its first host, Spot from AWS, and the prices are
+recorded in the job record (``deploy_prices``); where neither has them, from the spec and the
+dated catalogue (``prices.offline_prices``), with a warning naming the catalogue's date. The
+instances then cost at most that per hour while they run, so the cap bounds their spend; EBS
+volumes, VPC endpoints and data transfer are not in it.
 
 Each job has its own budget: ``hetero job start --resume`` starts a new job (its own id, its
 own start time, the old record moved to ``job-history/``) that resumes the checkpoints with
@@ -57,20 +59,30 @@ class Budget:
     """Each group's price at its most (what the job's bill is priced at, ``bill.py``)."""
 
     @classmethod
-    def of(cls, spec: ClusterSpec, pointer: JobPointer | None = None) -> Budget:
+    def of(
+        cls,
+        spec: ClusterSpec,
+        pointer: JobPointer | None = None,
+        *,
+        recorded: tuple[GroupPrice, ...] | None = None,
+    ) -> Budget:
         """The spec's caps, each replaced by the job pointer's (``JobPointer.max_usd`` /
         ``max_hours``, set by ``hetero job start``) where the pointer has one; the price the
-        pointer records, else the spec's and the catalogue's at its most (logged)."""
+        pointer records, else the job record's (``recorded``: a deploy's job, priced by its
+        first host, ``deploy_prices``), else the spec's and the catalogue's at its most
+        (logged)."""
         hours, usd = (pointer.max_hours, pointer.max_usd) if pointer else (None, None)
         if pointer is not None and pointer.prices:
             prices = pointer.prices
+        elif recorded:
+            prices = recorded
         else:
             prices = offline_prices(spec).prices
             if any(p.source == SOURCE_CATALOGUE for p in prices):
                 log.warning(
-                    "job %s records no prices (a deploy's job; `hetero job start` records the "
-                    "day's prices from AWS): its budget prices every group at its most from the "
-                    "offline catalogue of %s",
+                    "job %s records no prices (neither its pointer, as `hetero job start` "
+                    "writes them, nor its record, as a deploy's first host does): its budget "
+                    "prices every group at its most from the offline catalogue of %s",
                     pointer.job_id if pointer else "(no job pointer)",
                     PRICES_AS_OF,
                 )

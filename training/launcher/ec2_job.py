@@ -52,6 +52,7 @@ from training.common.names import ENV_LIFECYCLE_HOOK
 from training.common.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, Outcome
 from training.launcher import backstop, job_end, roles
 from training.launcher.budget import Budget, JobClock
+from training.launcher.deploy_prices import deploy_job_prices
 from training.launcher.ec2_watches import Ec2Watches
 from training.launcher.group import GroupIdentity
 from training.launcher.host_record import HostRecord
@@ -130,7 +131,11 @@ class Ec2Job:
         self.ended_job = False
         """True once this host ended the job (outcome recorded, every group scaled to zero)."""
         self.backstop_put = False  # the budget's scheduled action (``backstop.put_for_job``)
-        self.budget = Budget.of(spec, job_watch.pointer if job_watch else None)
+        pointer = job_watch.pointer if job_watch else None
+        recorded = deploy_job_prices(
+            spec, pointer, record, ec2=ec2, zone=identity.availability_zone, region=identity.region
+        )
+        self.budget = Budget.of(spec, pointer, recorded=recorded)
         self.clock = JobClock(
             self.budget,
             record,

@@ -44,6 +44,8 @@ class GroupIdentity:
     """EC2 only."""
     region: str | None = None
     """EC2 only: the instance's region (from IMDS)."""
+    availability_zone: str | None = None
+    """EC2 only: the instance's Availability Zone (from IMDS)."""
     cluster: str | None = None
     """EC2 only: the ``hetero:cluster`` tag, when present."""
 
@@ -153,6 +155,7 @@ def _from_imds(imds: ImdsClient, attempts: list[str]) -> GroupIdentity | None:
         instance_id = imds.get("/latest/meta-data/instance-id")
         host = imds.get("/latest/meta-data/local-ipv4")
         region = imds.get("/latest/meta-data/placement/region")
+        zone = imds.get("/latest/meta-data/placement/availability-zone")
     except ImdsError as e:
         attempts.append(f"{where}: {e}")
         return None
@@ -162,5 +165,6 @@ def _from_imds(imds: ImdsClient, attempts: list[str]) -> GroupIdentity | None:
         host=host,
         instance_id=instance_id,
         region=region,
+        availability_zone=zone,
         cluster=cluster,
     )

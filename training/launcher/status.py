@@ -29,6 +29,7 @@ from training.common.jobparam import (
     GroupPrice,
     JobParameterNotFound,
     parse_job_pointer,
+    prices_from_json,
     read_job_pointer,
 )
 from training.common.jobrecord import JobRecord
@@ -51,6 +52,9 @@ class JobStatus:
     ``max_usd``, ``max_hours``, ``prices``), if any."""
     checkpoint_uri: str | None = None
     """Where the job record and the checkpoints were read."""
+    recorded_prices: Any = None
+    """The job record's ``prices.json`` prices, as written (a deploy's job: its first host
+    priced it, ``deploy_prices``); None when it has none."""
     groups: list[dict[str, Any]] = field(default_factory=list)
     instances: list[dict[str, Any]] = field(default_factory=list)
     outcome: dict[str, Any] | None = None
@@ -142,6 +146,8 @@ def collect(
             record = JobRecord(checkpoint_uri, s3_client=s3)
             status.outcome = record.outcome()
             status.hosts = record.hosts()
+            if not (status.job or {}).get("prices"):  # a deploy's job: its first host's
+                status.recorded_prices = record.prices()
             status.budget = budget_line(spec, status, record)
             status.bill, status.bill_recorded = bill_of(spec, status, running)
         except Exception as e:
@@ -167,7 +173,7 @@ def budget_line(
     """Spend from the job's start (the pointer's ``started``, else the record's) to its end
     (the outcome's time) or ``now``, against the spec's caps."""
     pointer = parse_job_pointer(json.dumps(status.job)) if status.job else None
-    budget = Budget.of(spec, pointer)
+    budget = Budget.of(spec, pointer, recorded=recorded(status))
     started = parse_started((status.job or {}).get("started"))
     if started is None:
         started = record.started_at()
@@ -176,6 +182,13 @@ def budget_line(
     end = (status.outcome or {}).get("time")
     until = float(end) if isinstance(end, int | float) else (time.time() if now is None else now)
     return budget.describe(until - started)
+
+
+def recorded(status: JobStatus) -> tuple[GroupPrice, ...] | None:
+    """The job record's prices (``JobStatus.recorded_prices``), None without readable ones."""
+    if not status.recorded_prices:
+        return None
+    return prices_from_json(status.recorded_prices, source="the job record's prices.json")
 
 
 def bill_of(
@@ -193,7 +206,9 @@ def bill_of(
         return outcome["bill"], True
     pointer = parse_job_pointer(json.dumps(status.job)) if status.job else None
     # As the budget (``Budget.of``, which warns about the catalogue once already).
-    prices = pointer.prices if pointer and pointer.prices else offline_prices(spec).prices
+    prices = (
+        (pointer.prices if pointer else None) or recorded(status) or offline_prices(spec).prices
+    )
     since = parse_started((status.job or {}).get("started"))
     end = outcome.get("time")
     if isinstance(end, int | float):
@@ -236,7 +251,7 @@ def render(status: JobStatus) -> None:
         )
     if status.budget:
         console.print(f"spend {status.budget}", markup=False)
-    for line in prices_text(job):
+    for line in prices_text(job, recorded(status)):
         console.print(line, markup=False, highlight=False)
     for line in bill_text(status):
         console.print(line, markup=False, highlight=False)
@@ -279,20 +294,25 @@ def render(status: JobStatus) -> None:
         console.print(f"[red]could not read[/] {e}")
 
 
-def prices_text(job: dict[str, Any]) -> list[str]:
-    """The job pointer's prices (``hetero job start`` records each group's at its most, with
-    their source and date), or why there are none; nothing without a pointer."""
+def prices_text(job: dict[str, Any], in_record: tuple[GroupPrice, ...] | None = None) -> list[str]:
+    """The job's prices, each group's at its most, with their source and date: the job
+    pointer's (``hetero job start`` records them), else the job record's (``in_record``: a
+    deploy's job, priced by its first host); or why there are none; nothing without a
+    pointer."""
     if not job:
         return []
-    if not job.get("prices"):
+    if job.get("prices"):
+        prices = [GroupPrice(**p) for p in job["prices"]]
+        title = "prices at the job's start, each group at its most:"
+    elif in_record:
+        prices = list(in_record)
+        title = "prices at the job's start (its first host's, in the job record), each at its most:"
+    else:
         return [
-            "prices: none recorded in the job pointer (a deploy's job): its budget prices the "
+            "prices: none recorded in the job pointer or the job record: its budget prices the "
             "groups at their most from the spec and the dated catalogue"
         ]
-    prices = [GroupPrice(**p) for p in job["prices"]]
-    return ["prices at the job's start, each group at its most:"] + [
-        f"  {line}" for line in price_lines(prices)
-    ]
+    return [title] + [f"  {line}" for line in price_lines(prices)]
 
 
 def bill_text(status: JobStatus) -> list[str]:

@@ -18,8 +18,11 @@ terminated with ``TerminateInstances`` or ``TerminateInstanceInAutoScalingGroup`
 decrementing), and terminates every instance when the desired capacity goes to 0. What moto does
 not do: ``CompleteLifecycleAction`` (it answers HTTP 500), Terminating:Wait (terminations are
 immediate), Spot markets (``instances`` marks a Spot group's instances ``spot``, as EC2 lists
-them: ``InstanceLifecycle``), capacity rebalancing (``injector`` emulates it), replacing an
-instance marked Unhealthy (``replace_unhealthy``), an OS shutdown (``shut_down_from_os``).
+them: ``InstanceLifecycle``; ``DescribeSpotPriceHistory`` answers 0.00001 USD/h for every type,
+so ``provision`` makes it answer the spec's catalogue estimate, ``_answer_spot_prices``),
+capacity running out (``hold_launches``), capacity rebalancing (``injector`` emulates it),
+replacing an instance marked Unhealthy (``replace_unhealthy``), an OS shutdown
+(``shut_down_from_os``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import logging
 import time
 import urllib.request
 from dataclasses import dataclass, replace
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +50,9 @@ from training.common.names import (
     job_parameter_name,
 )
 from training.common.s3 import read_object, s3_uri
+from training.instance_types import CATALOG
 from training.launcher.boot_watch import INSTANCE_INITIATED_SHUTDOWN
-from training.spec import ClusterSpec, Market
+from training.spec import ClusterSpec, Market, PricesSpec
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,9 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
 JOB_RECORD_KEY = "job/outcome.json"
 """The launcher's job record, relative to the checkpoint URI."""
 _AMI = "ami-12c6146b"  # one of moto's default images
+_SPOT_PRICES: PricesSpec | None = None
+"""The spec whose catalogue estimate ``DescribeSpotPriceHistory`` answers (the last
+provisioned; ``AwsEmulator._answer_spot_prices``)."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,7 @@ class AwsEmulator:
         ``d-<spec hash>``), whose checkpoints are the rehearsal's checkpoint prefix, so that
         ``hetero job start`` works as on a deployed cluster."""
         ec2, autoscaling, s3 = self.client("ec2"), self.client("autoscaling"), self.client("s3")
+        self._answer_spot_prices(spec)
         vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
         subnet = ec2.create_subnet(
             VpcId=vpc, CidrBlock=SUBNET_CIDR, AvailabilityZone=f"{self.region}a"
@@ -283,6 +291,32 @@ class AwsEmulator:
         return replace(cluster, job_parameter=parameter)
 
     # -- what the rehearsal reads and does ---------------------------------------------------
+
+    def _answer_spot_prices(self, spec: ClusterSpec) -> None:
+        """``DescribeSpotPriceHistory`` answers, for each type the spec's catalogue has, what
+        it estimates (``PricesSpec.hourly``: ``spot_price_ratio`` x the On-Demand list price,
+        or the spec's own price), dated now: a job priced from AWS (a deploy's first host,
+        ``hetero job start``) gets the budget the spec's offline prices give. moto's answer
+        is made in this process by its response class, which is wrapped once."""
+        from moto.ec2.responses.spot_instances import SpotInstances
+
+        global _SPOT_PRICES
+        if _SPOT_PRICES is None:
+            answer = SpotInstances.describe_spot_price_history
+
+            def priced(responses: Any) -> Any:
+                result = answer(responses)
+                history: list[dict[str, Any]] = result.result["SpotPriceHistory"]  # type: ignore[index]
+                for p in history:
+                    if _SPOT_PRICES is not None and p["InstanceType"] in CATALOG:
+                        usd = _SPOT_PRICES.hourly(p["InstanceType"], Market.SPOT)
+                        p["SpotPrice"] = f"{usd:.6f}"
+                        p["Timestamp"] = datetime.now(UTC).isoformat()
+                return result
+
+            wrap: Any = priced
+            setattr(SpotInstances, "describe_spot_price_history", wrap)  # noqa: B010
+        _SPOT_PRICES = spec.job.prices
 
     def instances(self, cluster: str) -> list[EmulatedInstance]:
         """Every instance tagged with ``cluster`` (any state), in launch order. A Spot group's

@@ -364,16 +364,17 @@ def start_next_job(
     """``hetero job start --resume`` as a user would run it, against the emulated AWS: the
     stopped job's record moves to ``job-history/``, a new job id goes into the pointer and every
     group goes back to its count; ``max_usd``: the new job's own budget (``--max-usd``).
-    ``--offline-prices``: moto answers ``DescribeSpotPriceHistory`` with 0.00001 USD/h for every
-    type and has no Price List API, so the job is priced as ``hetero spec check`` prices it
-    (the spec and the dated catalogue), as on AWS. ``RuntimeError`` when it refuses."""
+    Priced as on AWS: Spot from ``DescribeSpotPriceHistory``, which the emulator answers with
+    the spec's catalogue estimate (``AwsEmulator._answer_spot_prices``; the rehearsal specs'
+    groups are all Spot, so the Price List API, which moto lacks, is not asked).
+    ``RuntimeError`` when it refuses."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(FAKE_CREDENTIALS)
     env["AWS_ENDPOINT_URL"] = aws.endpoint_url
     env[call_log.ENV_PRINCIPAL] = "user"
     argv = [
         sys.executable, "-m", "training.cli", "job", "start",
-        "--spec", str(spec_path), "--resume", "--region", aws.region, "--offline-prices",
+        "--spec", str(spec_path), "--resume", "--region", aws.region,
         *(["--max-usd", f"{max_usd:g}"] if max_usd is not None else []),
     ]  # fmt: skip
     started = time.time()  # the event's own time is the command's end, after its launches
