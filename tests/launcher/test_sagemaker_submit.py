@@ -10,213 +10,45 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aws_calls
 import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ParamValidationError
-from botocore.stub import Stubber
 
 from training import cli
 from training.common import call_log
-from training.sagemaker_submit import SageMakerRules, SubmitError, build_plan, submit
+from training.sagemaker_submit import SageMakerRules, SubmitError, build_plan
 from training.spec import load_spec
 
-REGION = "us-east-1"
-STACK = "vit-sm-cluster"
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-JOB = "vit-sm-20260102-030405"
-BUCKET = "vit-sm-cluster-checkpointsbucket-1a2b3c"
-IMAGE = (
-    "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
-    "cdk-hnb659fds-container-assets-123456789012-us-east-1:0123abcd"
+from .sagemaker_support import (  # noqa: F401 (aws: a fixture)
+    BUCKET,
+    CHECKPOINT_URI,
+    JOB,
+    MIXED_SPEC,
+    OUTPUTS,
+    REGION,
+    SPOT_SPEC,
+    STACK,
+    Aws,
+    assert_all_answered,
+    aws,
+    expect_describe_stacks,
+    expected_request,
+    stack_response,
+    stubbed_client,
+    submit_spec,
+    write_spec,
 )
-ROLE = "arn:aws:iam::123456789012:role/vit-sm-cluster-SageMakerRole-ABC123"
-SUBNET = "subnet-0123456789abcdef0"
-SECURITY_GROUP = "sg-0123456789abcdef0"
-OUTPUTS = {
-    "ImageUri": IMAGE,
-    "SageMakerRoleArn": ROLE,
-    "SubnetId": SUBNET,
-    "SecurityGroupId": SECURITY_GROUP,
-    "CheckpointBucketName": BUCKET,
-    "CheckpointUri": f"s3://{BUCKET}/checkpoints/",
-    "LogGroupName": "/hetero/vit-sm",
-}
-
-SPOT_SPEC = """
-name = "vit-sm"
-
-[[groups]]
-name = "dnn_group"
-role = "trainer"
-instance_types = ["g5.xlarge", "g6.xlarge"]
-count = 2
-market = "spot"
-
-[[groups]]
-name = "data_group"
-role = "dataprep"
-instance_types = ["c6i.4xlarge"]
-count = 1
-market = "spot"
-
-[job]
-steps = 100
-
-[job.dataset]
-source = "s3"
-path = "s3://vit-datasets/imagenet/train/"
-"""
-
-MIXED_SPEC = SPOT_SPEC.replace(
-    'count = 1\nmarket = "spot"', 'count = 1\nmarket = "on-demand"'
-).replace("count = 2\n", "count = 3\n")
-
-CHECKPOINT_URI = f"s3://{BUCKET}/checkpoints/sagemaker/{JOB}/"
-
-
-def expected_request(*, managed_spot: bool, trainers: int = 2) -> dict[str, Any]:
-    """The CreateTrainingJob request, written out field by field."""
-    stopping: dict[str, int] = {"MaxRuntimeInSeconds": 86400}
-    if managed_spot:
-        stopping["MaxWaitTimeInSeconds"] = 172800
-    return {
-        "TrainingJobName": JOB,
-        "RoleArn": ROLE,
-        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
-        "ResourceConfig": {
-            "InstanceGroups": [
-                {
-                    "InstanceGroupName": "dnn_group",
-                    "InstanceType": "ml.g5.xlarge",
-                    "InstanceCount": trainers,
-                },
-                {
-                    "InstanceGroupName": "data_group",
-                    "InstanceType": "ml.c6i.4xlarge",
-                    "InstanceCount": 1,
-                },
-            ],
-            "VolumeSizeInGB": 100,
-        },
-        "InputDataConfig": [
-            {
-                "ChannelName": "spec",
-                "DataSource": {
-                    "S3DataSource": {
-                        "S3DataType": "S3Prefix",
-                        "S3Uri": f"s3://{BUCKET}/sagemaker/{JOB}/spec/",
-                        "S3DataDistributionType": "FullyReplicated",
-                        "InstanceGroupNames": ["dnn_group", "data_group"],
-                    }
-                },
-                "InputMode": "File",
-            }
-        ],
-        "OutputDataConfig": {"S3OutputPath": f"s3://{BUCKET}/sagemaker/{JOB}/output/"},
-        "VpcConfig": {"Subnets": [SUBNET], "SecurityGroupIds": [SECURITY_GROUP]},
-        "StoppingCondition": stopping,
-        "EnableManagedSpotTraining": managed_spot,
-        "CheckpointConfig": {"S3Uri": CHECKPOINT_URI, "LocalPath": "/opt/ml/checkpoints"},
-        "Environment": {
-            "HETERO_SPEC": "/opt/ml/input/data/spec/vit.toml",
-            "HETERO_CHECKPOINT_URI": CHECKPOINT_URI,
-        },
-    }
-
-
-@dataclasses.dataclass
-class Aws:
-    """Stubbed clients and the operations they were asked for, in order, across clients."""
-
-    cloudformation: Any
-    s3: Any
-    sagemaker: Any
-    pricing: Any
-    stubs: dict[str, Stubber]
-    calls: list[str]
-
-
-def _client(service: str) -> Any:
-    return boto3.client(  # type: ignore[call-overload]
-        service,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        # What `hetero sagemaker submit` passes too: the request is checked against the model.
-        config=Config(parameter_validation=True),
-    )
-
-
-@pytest.fixture
-def aws() -> Iterator[Aws]:
-    calls: list[str] = []
-    clients = {s: _client(s) for s in ("cloudformation", "s3", "sagemaker", "pricing")}
-    for client in clients.values():
-        client.meta.events.register(
-            "before-parameter-build.*.*", lambda model, **_: calls.append(model.name)
-        )
-    stubs = {s: Stubber(c) for s, c in clients.items()}
-    for stub in stubs.values():
-        stub.activate()
-    yield Aws(**clients, stubs=stubs, calls=calls)
-    for stub in stubs.values():
-        stub.deactivate()
-
-
-def _stack_response(outputs: dict[str, str]) -> dict[str, Any]:
-    return {
-        "Stacks": [
-            {
-                "StackName": STACK,
-                "CreationTime": NOW,
-                "StackStatus": "CREATE_COMPLETE",
-                "Outputs": [{"OutputKey": k, "OutputValue": v} for k, v in outputs.items()],
-            }
-        ]
-    }
-
-
-def _expect_describe_stacks(aws: Aws, outputs: dict[str, str] | None = None) -> None:
-    aws.stubs["cloudformation"].add_response(
-        "describe_stacks", _stack_response(outputs or OUTPUTS), {"StackName": STACK}
-    )
-
-
-def _write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "vit.toml"
-    path.write_text(text)
-    return path
-
-
-def _submit(aws: Aws, spec: Path, **kwargs: Any) -> int:
-    return submit(
-        spec_path=spec,
-        cloudformation=aws.cloudformation,
-        s3=aws.s3,
-        sagemaker=aws.sagemaker,
-        pricing=aws.pricing,
-        now=NOW,
-        **kwargs,
-    )
-
-
-def _assert_all_answered(aws: Aws) -> None:
-    for stub in aws.stubs.values():
-        stub.assert_no_pending_responses()
-
 
 # ----------------------------------------------------------------------------- submissions
 
 
 def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
-    aws: Aws,
+    aws: Aws,  # noqa: F811
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
@@ -225,8 +57,8 @@ def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
     record_aws_calls(aws_calls.Names(cluster="vit-sm", checkpoint_bucket=BUCKET))
     for client in (aws.cloudformation, aws.s3, aws.sagemaker):
         call_log.attach(client)
-    spec = _write(tmp_path, SPOT_SPEC)
-    _expect_describe_stacks(aws)
+    spec = write_spec(tmp_path, SPOT_SPEC)
+    expect_describe_stacks(aws)
     aws.stubs["s3"].add_response(
         "put_object",
         {"ETag": '"0123456789abcdef"'},
@@ -238,8 +70,8 @@ def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
         expected_request(managed_spot=True),
     )
     with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
-        assert _submit(aws, spec) == 0
-    _assert_all_answered(aws)
+        assert submit_spec(aws, spec) == 0
+    assert_all_answered(aws)
     # The spec is in S3 before the job that reads it exists.
     assert aws.calls == ["DescribeStacks", "PutObject", "CreateTrainingJob"]
     assert caplog.records == []
@@ -257,10 +89,12 @@ def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
 
 
 def test_mixed_markets_run_on_demand_with_a_warning_that_says_why(
-    aws: Aws, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    aws: Aws,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    spec = _write(tmp_path, MIXED_SPEC)
-    _expect_describe_stacks(aws)
+    spec = write_spec(tmp_path, MIXED_SPEC)
+    expect_describe_stacks(aws)
     aws.stubs["s3"].add_response(
         "put_object",
         {"ETag": '"0123456789abcdef"'},
@@ -272,8 +106,8 @@ def test_mixed_markets_run_on_demand_with_a_warning_that_says_why(
         expected_request(managed_spot=False, trainers=3),
     )
     with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
-        assert _submit(aws, spec) == 0
-    _assert_all_answered(aws)
+        assert submit_spec(aws, spec) == 0
+    assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks", "PutObject", "CreateTrainingJob"]
     assert [r.getMessage() for r in caplog.records] == [
         "groups dnn_group ask for Spot but data_group On-Demand: SageMaker's managed Spot is "
@@ -283,7 +117,8 @@ def test_mixed_markets_run_on_demand_with_a_warning_that_says_why(
 
 
 def test_a_type_sagemaker_lacks_is_refused_before_anything_is_created(
-    aws: Aws, tmp_path: Path
+    aws: Aws,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     # Every type the project's catalogue knows is a SageMaker type today; a model whose type
     # list lacks ml.c6i.4xlarge stands for one that lacks a listed type.
@@ -292,10 +127,10 @@ def test_a_type_sagemaker_lacks_is_refused_before_anything_is_created(
     without = dataclasses.replace(
         rules, instance_types=frozenset({"ml.g5.xlarge", "ml.c6i.8xlarge", "ml.m6i.4xlarge"})
     )
-    spec = _write(tmp_path, SPOT_SPEC)
-    _expect_describe_stacks(aws)
+    spec = write_spec(tmp_path, SPOT_SPEC)
+    expect_describe_stacks(aws)
     with pytest.raises(SubmitError) as info:
-        _submit(aws, spec, rules=without)
+        submit_spec(aws, spec, rules=without)
     assert str(info.value) == (
         f"{spec}: cannot submit (1 problem(s)):\n"
         "  - groups[1] (data_group): SageMaker training has no instance type ml.c6i.4xlarge "
@@ -303,20 +138,20 @@ def test_a_type_sagemaker_lacks_is_refused_before_anything_is_created(
         "(e.g. m6i.4xlarge, c6i.8xlarge) in instance_types, or upgrade botocore if SageMaker "
         "added it recently"
     )
-    _assert_all_answered(aws)
+    assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks"]  # no PutObject, no CreateTrainingJob
 
 
-def test_a_later_listed_type_sagemaker_has_is_named_as_the_fix(aws: Aws, tmp_path: Path) -> None:
+def test_a_later_listed_type_sagemaker_has_is_named_as_the_fix(aws: Aws, tmp_path: Path) -> None:  # noqa: F811
     rules = SageMakerRules.from_service_model(aws.sagemaker.meta.service_model)
     without = dataclasses.replace(rules, instance_types=rules.instance_types - {"ml.g5.xlarge"})
-    spec = load_spec(_write(tmp_path, SPOT_SPEC))
+    spec = load_spec(write_spec(tmp_path, SPOT_SPEC))
     with pytest.raises(SubmitError, match=re.escape("move g6.xlarge (listed, and SageMaker has")):
         build_plan(spec, OUTPUTS, spec_file_name="vit.toml", job_name=JOB, rules=without)
 
 
-def test_missing_stack_says_to_deploy_it(aws: Aws, tmp_path: Path) -> None:
-    spec = _write(tmp_path, SPOT_SPEC)
+def test_missing_stack_says_to_deploy_it(aws: Aws, tmp_path: Path) -> None:  # noqa: F811
+    spec = write_spec(tmp_path, SPOT_SPEC)
     aws.stubs["cloudformation"].add_client_error(
         "describe_stacks",
         service_error_code="ValidationError",
@@ -325,22 +160,22 @@ def test_missing_stack_says_to_deploy_it(aws: Aws, tmp_path: Path) -> None:
         expected_params={"StackName": STACK},
     )
     with pytest.raises(SubmitError) as info:
-        _submit(aws, spec)
+        submit_spec(aws, spec)
     assert str(info.value) == (
         f"stack '{STACK}' does not exist in {REGION}: deploy the cluster first "
         f"(`npx cdk deploy -c spec={spec} {STACK}`), or pass --stack-name / set AWS_REGION to "
         "where it is deployed"
     )
-    _assert_all_answered(aws)
+    assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks"]
 
 
-def test_stack_without_the_outputs_names_them(aws: Aws, tmp_path: Path) -> None:
-    spec = _write(tmp_path, SPOT_SPEC)
+def test_stack_without_the_outputs_names_them(aws: Aws, tmp_path: Path) -> None:  # noqa: F811
+    spec = write_spec(tmp_path, SPOT_SPEC)
     partial = {k: v for k, v in OUTPUTS.items() if k not in ("SubnetId", "SageMakerRoleArn")}
-    _expect_describe_stacks(aws, partial)
+    expect_describe_stacks(aws, partial)
     with pytest.raises(SubmitError) as info:
-        _submit(aws, spec)
+        submit_spec(aws, spec)
     assert str(info.value) == (
         f"stack '{STACK}' (status CREATE_COMPLETE) has no output SageMakerRoleArn, SubnetId: "
         f"finish or redo `npx cdk deploy -c spec={spec} {STACK}` with this project's stacks"
@@ -349,12 +184,14 @@ def test_stack_without_the_outputs_names_them(aws: Aws, tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_the_request_and_calls_only_describe_stacks(
-    aws: Aws, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    aws: Aws,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = _write(tmp_path, SPOT_SPEC)
-    _expect_describe_stacks(aws)
-    assert _submit(aws, spec, dry_run=True) == 0
-    _assert_all_answered(aws)
+    spec = write_spec(tmp_path, SPOT_SPEC)
+    expect_describe_stacks(aws)
+    assert submit_spec(aws, spec, dry_run=True) == 0
+    assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks"]
     out = capsys.readouterr()
     assert json.loads(out.out) == expected_request(managed_spot=True)
@@ -366,10 +203,10 @@ def test_dry_run_prints_the_request_and_calls_only_describe_stacks(
     ]
 
 
-def test_explicit_names_and_times(aws: Aws, tmp_path: Path) -> None:
-    spec = _write(tmp_path, SPOT_SPEC)
+def test_explicit_names_and_times(aws: Aws, tmp_path: Path) -> None:  # noqa: F811
+    spec = write_spec(tmp_path, SPOT_SPEC)
     aws.stubs["cloudformation"].add_response(
-        "describe_stacks", _stack_response(OUTPUTS), {"StackName": "other-stack"}
+        "describe_stacks", stack_response(OUTPUTS), {"StackName": "other-stack"}
     )
     request = expected_request(managed_spot=True)
     request["TrainingJobName"] = "vit-run-7"
@@ -393,7 +230,7 @@ def test_explicit_names_and_times(aws: Aws, tmp_path: Path) -> None:
         request,
     )
     assert (
-        _submit(
+        submit_spec(
             aws,
             spec,
             stack_name="other-stack",
@@ -404,15 +241,15 @@ def test_explicit_names_and_times(aws: Aws, tmp_path: Path) -> None:
         )
         == 0
     )
-    _assert_all_answered(aws)
+    assert_all_answered(aws)
 
 
 # ----------------------------------------------------------------------------- refusals
 
 
 def _plan_problems(tmp_path: Path, text: str, **kwargs: Any) -> str:
-    rules = SageMakerRules.from_service_model(_client("sagemaker").meta.service_model)
-    spec = load_spec(_write(tmp_path, text))
+    rules = SageMakerRules.from_service_model(stubbed_client("sagemaker").meta.service_model)
+    spec = load_spec(write_spec(tmp_path, text))
     args: dict[str, Any] = {"spec_file_name": "vit.toml", "job_name": JOB, "rules": rules}
     args.update(kwargs)
     with pytest.raises(SubmitError) as info:
@@ -486,9 +323,9 @@ def _model_violations(shape: Any, value: Any, path: str = "") -> list[str]:
 def test_request_meets_every_rule_of_the_sagemaker_model(tmp_path: Path, text: str) -> None:
     from botocore.validate import validate_parameters
 
-    client = _client("sagemaker")
+    client = stubbed_client("sagemaker")
     rules = SageMakerRules.from_service_model(client.meta.service_model)
-    spec = load_spec(_write(tmp_path, text))
+    spec = load_spec(write_spec(tmp_path, text))
     request = build_plan(
         spec, OUTPUTS, spec_file_name="vit.toml", job_name=JOB, rules=rules
     ).request
@@ -497,7 +334,7 @@ def test_request_meets_every_rule_of_the_sagemaker_model(tmp_path: Path, text: s
     assert _model_violations(shape, request) == []
 
 
-def test_stubbed_clients_validate_parameters(aws: Aws) -> None:
+def test_stubbed_clients_validate_parameters(aws: Aws) -> None:  # noqa: F811
     # The Stubber answers only after botocore validated the request against the model, so a
     # malformed request fails here as it would against AWS.
     for client in (aws.cloudformation, aws.s3, aws.sagemaker):
@@ -513,12 +350,12 @@ def test_stubbed_clients_validate_parameters(aws: Aws) -> None:
 
 
 def test_hetero_sagemaker_submit_runs_through_the_cli(
-    aws: Aws,
+    aws: Aws,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = _write(tmp_path, SPOT_SPEC)
+    spec = write_spec(tmp_path, SPOT_SPEC)
     made: list[tuple[str, bool]] = []
 
     def stubbed_client(service: str, *, config: Any, region_name: str | None = None) -> Any:

@@ -25,7 +25,7 @@ from training.common.jobparam import GroupPrice
 from training.sagemaker_budget import runtime_limit
 from training.sagemaker_submit import SubmitError
 
-from .test_sagemaker_submit import (  # noqa: F401 (aws: a fixture)
+from .sagemaker_support import (  # noqa: F401 (aws: a fixture)
     BUCKET,
     CHECKPOINT_URI,
     JOB,
@@ -33,12 +33,12 @@ from .test_sagemaker_submit import (  # noqa: F401 (aws: a fixture)
     REGION,
     SPOT_SPEC,
     Aws,
-    _assert_all_answered,
-    _expect_describe_stacks,
-    _submit,
-    _write,
+    assert_all_answered,
     aws,
+    expect_describe_stacks,
     expected_request,
+    submit_spec,
+    write_spec,
 )
 
 STAMP = "2026-01-02T03:04:05Z"
@@ -158,10 +158,10 @@ def test_max_hours_or_a_shorter_max_run_sets_max_runtime(
     line: str,
 ) -> None:
     text = capped(max_hours=1.5)
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     _expect_job(aws, text, stopping(seconds, 2 * seconds))  # MaxWait: twice the runtime
-    assert _submit(aws, _write(tmp_path, text), max_run_s=max_run) == 0
-    _assert_all_answered(aws)
+    assert submit_spec(aws, write_spec(tmp_path, text), max_run_s=max_run) == 0
+    assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks", "PutObject", "CreateTrainingJob"]  # no price needed
     assert _printed(capsys) == [
         f"  stopping: MaxRuntimeInSeconds {seconds} ({seconds / 3600:.4f} h), {line}",
@@ -175,13 +175,13 @@ def test_max_usd_buys_the_seconds_at_sagemakers_training_prices(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     text = capped(max_usd=10)
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     _expect_prices(aws)
     seconds = int(10 / USD_PER_HOUR * 3600)  # 9554: rounded down
     assert seconds == 9554
     _expect_job(aws, text, stopping(seconds, 2 * seconds))
-    assert _submit(aws, _write(tmp_path, text)) == 0
-    _assert_all_answered(aws)
+    assert submit_spec(aws, write_spec(tmp_path, text)) == 0
+    assert_all_answered(aws)
     assert aws.calls == [
         "DescribeStacks",
         "GetProducts",
@@ -215,11 +215,11 @@ def test_both_caps_the_first_reached_stops_the_job(
     source: str,
 ) -> None:
     text = capped(max_usd=max_usd, max_hours=max_hours)
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     _expect_prices(aws)
     _expect_job(aws, text, stopping(seconds, 2 * seconds))
-    assert _submit(aws, _write(tmp_path, text)) == 0
-    _assert_all_answered(aws)
+    assert submit_spec(aws, write_spec(tmp_path, text)) == 0
+    assert_all_answered(aws)
 
 
 def test_the_limit_names_every_cap_and_the_tie_goes_to_the_spec() -> None:
@@ -236,9 +236,9 @@ def test_max_wait_below_a_cap_derived_runtime_is_refused(
     aws: Aws,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     with pytest.raises(SubmitError) as info:
-        _submit(aws, _write(tmp_path, capped(max_hours=2)), max_wait_s=3600)
+        submit_spec(aws, write_spec(tmp_path, capped(max_hours=2)), max_wait_s=3600)
     assert str(info.value).endswith(
         "  - --max-wait 3600 is below MaxRuntimeInSeconds 7200 (set by job.max_hours = 2): with "
         "managed Spot, MaxWaitTimeInSeconds counts the training time plus the time spent "
@@ -252,10 +252,10 @@ def test_a_cap_that_buys_no_second_is_refused(
     aws: Aws,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     _expect_prices(aws)
     with pytest.raises(SubmitError, match=re.escape("job.max_usd = 0.0001 allows less than")):
-        _submit(aws, _write(tmp_path, capped(max_usd=0.0001)))
+        submit_spec(aws, write_spec(tmp_path, capped(max_usd=0.0001)))
     assert "CreateTrainingJob" not in aws.calls
 
 
@@ -273,9 +273,9 @@ def test_max_usd_without_a_price_list_answer_is_refused_with_the_fixes(
         http_status_code=400,
         expected_params=products_request("ml.g5.xlarge"),
     )
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     with pytest.raises(SubmitError) as info:
-        _submit(aws, _write(tmp_path, capped(max_usd=40)))
+        submit_spec(aws, write_spec(tmp_path, capped(max_usd=40)))
     assert str(info.value) == (
         "job.max_usd = 40 needs SageMaker's price of ml.g5.xlarge in us-east-1, which the Price "
         "List API did not give (An error occurred (AccessDeniedException) when "
@@ -286,7 +286,7 @@ def test_max_usd_without_a_price_list_answer_is_refused_with_the_fixes(
         "submit again, or cap the job by time instead (job.max_hours, or --max-run without "
         "job.max_usd)"
     )
-    _assert_all_answered(aws)
+    assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks", "GetProducts"]  # nothing created
 
 
@@ -299,9 +299,9 @@ def test_a_type_the_price_list_does_not_price_is_refused(
         {"FormatVersion": "aws_v1", "PriceList": []},
         products_request("ml.g5.xlarge"),
     )
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     with pytest.raises(SubmitError, match=re.escape("(the Price List API lists no SageMaker")):
-        _submit(aws, _write(tmp_path, capped(max_usd=40)), dry_run=True)
+        submit_spec(aws, write_spec(tmp_path, capped(max_usd=40)), dry_run=True)
     assert aws.calls == ["DescribeStacks", "GetProducts"]
 
 
@@ -310,10 +310,10 @@ def test_dry_run_prices_and_prints_the_limit(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     _expect_prices(aws)
-    assert _submit(aws, _write(tmp_path, capped(max_usd=10)), dry_run=True) == 0
-    _assert_all_answered(aws)
+    assert submit_spec(aws, write_spec(tmp_path, capped(max_usd=10)), dry_run=True) == 0
+    assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks", "GetProducts", "GetProducts"]  # reads only
     out = capsys.readouterr()
     assert json.loads(out.out)["StoppingCondition"] == {
@@ -363,15 +363,15 @@ def test_resume_continues_the_earlier_jobs_checkpoints(
     for client in (aws.cloudformation, aws.s3, aws.sagemaker, aws.pricing):
         call_log.attach(client)
     text = capped(max_usd=10)
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     _expect_describe_job(aws, STOPPED_AT_ITS_LIMIT)
     _expect_prices(aws)
     request = stopping(9554, 19108)
     request["CheckpointConfig"]["S3Uri"] = EARLIER_URI
     request["Environment"]["HETERO_CHECKPOINT_URI"] = EARLIER_URI
     _expect_job(aws, text, request)
-    assert _submit(aws, _write(tmp_path, text), resume=EARLIER) == 0
-    _assert_all_answered(aws)
+    assert submit_spec(aws, write_spec(tmp_path, text), resume=EARLIER) == 0
+    assert_all_answered(aws)
     assert aws.calls == [
         "DescribeStacks",
         "DescribeTrainingJob",
@@ -416,10 +416,10 @@ def test_resume_refuses_a_running_or_foreign_job(
     job: dict[str, Any],
     message: str,
 ) -> None:
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     _expect_describe_job(aws, job)
     with pytest.raises(SubmitError) as info:
-        _submit(aws, _write(tmp_path, SPOT_SPEC), resume=EARLIER)
+        submit_spec(aws, write_spec(tmp_path, SPOT_SPEC), resume=EARLIER)
     assert str(info.value) == message
     assert aws.calls == ["DescribeStacks", "DescribeTrainingJob"]
 
@@ -428,7 +428,7 @@ def test_resume_of_a_job_sagemaker_does_not_know(
     aws: Aws,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     aws.stubs["sagemaker"].add_client_error(
         "describe_training_job",
         service_error_code="ValidationException",
@@ -437,7 +437,7 @@ def test_resume_of_a_job_sagemaker_does_not_know(
         expected_params={"TrainingJobName": EARLIER},
     )
     with pytest.raises(SubmitError) as info:
-        _submit(aws, _write(tmp_path, SPOT_SPEC), resume=EARLIER)
+        submit_spec(aws, write_spec(tmp_path, SPOT_SPEC), resume=EARLIER)
     assert str(info.value) == (
         f"--resume {EARLIER}: SageMaker has no training job of that name in {REGION} "
         "(Requested resource not found.); name an earlier job of this spec "
@@ -451,7 +451,7 @@ def test_no_cap_no_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The old warning ("will not stop this job") is gone: the caps do stop it now.
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
-        assert _submit(aws, _write(tmp_path, capped(max_hours=1)), dry_run=True) == 0
+        assert submit_spec(aws, write_spec(tmp_path, capped(max_hours=1)), dry_run=True) == 0
     assert caplog.records == []

@@ -19,18 +19,18 @@ from hub_cache import INIT, HubCache, offline_hub, write_hub_cache
 from training.common import call_log
 from training.sagemaker_submit import SubmitError
 
-from .test_sagemaker_submit import (  # noqa: F401 (aws: a fixture)
+from .sagemaker_support import (  # noqa: F401 (aws: a fixture)
     BUCKET,
     JOB,
     REGION,
     SPOT_SPEC,
     Aws,
-    _assert_all_answered,
-    _expect_describe_stacks,
-    _submit,
-    _write,
+    assert_all_answered,
     aws,
+    expect_describe_stacks,
     expected_request,
+    submit_spec,
+    write_spec,
 )
 
 FILES = ("config.json", "model.safetensors")
@@ -68,9 +68,9 @@ def test_a_timm_init_is_staged_then_named_in_the_jobs_environment(
     record_aws_calls(aws_calls.Names(cluster="vit-sm", checkpoint_bucket=BUCKET))
     for client in (aws.cloudformation, aws.s3, aws.sagemaker):
         call_log.attach(client)
-    spec = _write(tmp_path, SPEC)
+    spec = write_spec(tmp_path, SPEC)
     folder = staged_folder(hub.snapshot)
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     s3 = aws.stubs["s3"]
     # Weights first, config.json last: absent, so uploaded (small: one PutObject each).
     for name in ("model.safetensors", "config.json"):
@@ -93,8 +93,8 @@ def test_a_timm_init_is_staged_then_named_in_the_jobs_environment(
         {"TrainingJobArn": f"arn:aws:sagemaker:{REGION}:123456789012:training-job/{JOB}"},
         request_with_init(f"s3://{BUCKET}/{folder}"),
     )
-    assert _submit(aws, spec) == 0
-    _assert_all_answered(aws)
+    assert submit_spec(aws, spec) == 0
+    assert_all_answered(aws)
     assert aws.calls == [
         "DescribeStacks", "HeadObject", "HeadObject", "PutObject", "PutObject", "PutObject",
         "CreateTrainingJob",
@@ -110,9 +110,9 @@ def test_files_already_staged_are_not_uploaded_again(
     hub: HubCache,
     tmp_path: Path,
 ) -> None:
-    spec = _write(tmp_path, SPEC)
+    spec = write_spec(tmp_path, SPEC)
     folder = staged_folder(hub.snapshot)
-    _expect_describe_stacks(aws)
+    expect_describe_stacks(aws)
     for name in ("model.safetensors", "config.json"):
         aws.stubs["s3"].add_response(
             "head_object",
@@ -125,8 +125,8 @@ def test_files_already_staged_are_not_uploaded_again(
         {"TrainingJobArn": "arn"},
         request_with_init(f"s3://{BUCKET}/{folder}"),
     )
-    assert _submit(aws, spec) == 0
-    _assert_all_answered(aws)
+    assert submit_spec(aws, spec) == 0
+    assert_all_answered(aws)
     assert aws.calls == [
         "DescribeStacks", "HeadObject", "HeadObject", "PutObject", "CreateTrainingJob",
     ]  # fmt: skip
@@ -138,10 +138,10 @@ def test_a_dry_run_says_where_the_init_goes_and_uploads_nothing(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = _write(tmp_path, SPEC)
+    spec = write_spec(tmp_path, SPEC)
     folder = staged_folder(hub.snapshot)
-    _expect_describe_stacks(aws)
-    assert _submit(aws, spec, dry_run=True) == 0
+    expect_describe_stacks(aws)
+    assert submit_spec(aws, spec, dry_run=True) == 0
     assert aws.calls == ["DescribeStacks"]
     out = capsys.readouterr()
     assert json.loads(out.out) == request_with_init(f"s3://{BUCKET}/{folder}")
@@ -158,12 +158,12 @@ def test_an_init_the_cache_lacks_is_refused_before_anything_is_created(
     hub: HubCache,
     tmp_path: Path,
 ) -> None:
-    spec = _write(tmp_path, SPEC.replace(INIT, "timm:vit_tiny_patch16_224.augreg_in21k"))
-    _expect_describe_stacks(aws)
+    spec = write_spec(tmp_path, SPEC.replace(INIT, "timm:vit_tiny_patch16_224.augreg_in21k"))
+    expect_describe_stacks(aws)
     with pytest.raises(
         SubmitError,
         match=r"^job\.model\.init = 'timm:vit_tiny_patch16_224\."
         r"augreg_in21k': config\.json of .* is not in the Hugging Face cache",
     ):
-        _submit(aws, spec)
+        submit_spec(aws, spec)
     assert aws.calls == ["DescribeStacks"]
