@@ -12,6 +12,7 @@ from pathlib import Path
 from small_spec import small_spec_text
 
 from training.common.jobrecord import JobRecord
+from training.launcher.bill import Census
 from training.launcher.boot_watch import BOOT_REASON, LAUNCH_SLACK_S, BootWatch, failed_boots
 from training.rehearsal.aws import AwsEmulator
 from training.spec import ClusterSpec, load_spec
@@ -81,3 +82,35 @@ def test_no_decision_without_the_jobs_start(aws: AwsEmulator, tmp_path: Path) ->
     record = JobRecord(str(tmp_path / "record"))
     watch = BootWatch(aws.client("ec2"), "vit", record, budget=0, job_started=lambda: None)
     assert watch.check() is None and record.replaced() == {}
+
+
+def test_an_early_exit_no_host_saw_running_is_in_the_census_once_it_is_gone(
+    aws: AwsEmulator, tmp_path: Path
+) -> None:
+    """An early exit (its launcher wrote it to ``replaced/`` and its group replaced it) may end
+    before any host listed it running: the watch adds it to the census, gone when first looked
+    at after it ended, so the job's bill counts it; one still running is left to the census's
+    own looks."""
+    aws.provision(spec(tmp_path, "vit"))
+    record = JobRecord(str(tmp_path / "record"))
+    census = Census()
+    started = time.time()
+    watch = BootWatch(
+        aws.client("ec2"), "vit", record, budget=5, job_started=lambda: started, census=census
+    )
+    (early,) = ids(aws, "vit", "dataprep")
+    trainer, _ = ids(aws, "vit", "trainer")
+    record.mark_replaced(early, group=None, reason="no hetero:group tag")  # as early_exit does
+    record.mark_replaced(trainer, group="trainer", reason="still shutting down")
+    before = time.time()
+    assert watch.check() is None
+    assert census.sightings() == []  # both still run
+    aws.terminate_in_group(early, decrement=False)  # SetInstanceHealth Unhealthy: replaced
+    assert watch.check() is None
+    (seen,) = census.sightings()
+    assert (seen.instance_id, seen.group, seen.seen) == (early, "dataprep", None)
+    assert seen.gone is not None and before <= seen.gone <= time.time()
+    assert seen.launched <= seen.gone
+    gone = seen.gone
+    assert watch.check() is None and census.sightings() == [seen]  # added once
+    assert census.sightings()[0].gone == gone

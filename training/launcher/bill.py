@@ -8,9 +8,10 @@ under ``instances``). For each instance it holds its group (tag ``hetero:group``
 it ``running`` (``seen``) and the first time after that it saw it no longer running (``gone``).
 A host looks whenever it lists the cluster's running instances (``DescribeInstances``, the call
 membership already makes): at each heartbeat, at each membership poll of a trainer, and, on the
-host that ends the job, once more just before it records the outcome. A boot that gave up may
-end before any host saw it running: the boot watch (``boot_watch``) adds it, ``gone`` when it was
-seen shut down.
+host that ends the job, once more just before it records the outcome. A boot that gave up, or an
+early exit (a launcher that could not start its loop: ``early_exit``), may end before any host
+saw it running: the boot watch (``boot_watch``) adds it, ``gone`` when it was first seen shut
+down or terminated.
 
 Each instance counts from its launch (or the job's ``started``, for a job that
 ``hetero job start`` started: an instance of the previous job still running then counts from
@@ -22,8 +23,8 @@ there) to
   kill, a scale-in, a replacement): off by at most half that gap, which is at most half a
   heartbeat while a host of the job beats (``--heartbeat`` 30 s: 15 s), less with several hosts
   looking;
-- the middle of (launch, ``gone``] for one no host saw running (a boot that gave up before any
-  launcher looked): off by at most half of that.
+- the middle of (launch, ``gone``] for one no host saw running (a boot that gave up, or an early
+  exit, before any launcher looked): off by at most half of that.
 
 The launch is EC2's ``LaunchTime``, which EC2 gives to the second: the bill takes the middle of
 that second, off by at most half a second where the second is cut (moto's is; AWS does not say

@@ -81,8 +81,9 @@ class BootWatch:
     """``check()`` counts failed boots not counted yet and returns the reason to end the job once
     the job record's ``replaced/`` is past ``budget``; None otherwise (and while the job's start,
     EC2 or the record cannot be read: no decision without them). With a ``census`` (the host's,
-    for the job's bill) each failed boot is added to it, gone when first seen shut down: such a
-    boot may end before any host saw it running."""
+    for the job's bill) each failed boot is added to it, gone when first seen shut down, and so
+    is each other instance in ``replaced/`` (an early exit, ``early_exit``) once it is no longer
+    running: either may end before any host saw it running."""
 
     def __init__(
         self,
@@ -101,6 +102,8 @@ class BootWatch:
         self.budget = budget
         self.job_started = job_started
         self._counted: set[str] = set()
+        self._early_exits_seen: set[str] = set()
+        """Early exits already added to the census as gone."""
 
     def check(self) -> str | None:
         started = self.job_started()
@@ -116,6 +119,7 @@ class BootWatch:
             for boot in boots:
                 if (seen := sighting(boot.instance, group=boot.group, gone=now)) is not None:
                     self.census.add(seen)
+            self._census_early_exits(self.census, {b.instance_id for b in boots}, now)
         new = [b for b in boots if b.instance_id not in self._counted]
         if not new:
             return None
@@ -138,3 +142,27 @@ class BootWatch:
         if reason is None:
             log.info("replacements so far: %d of %d for this job", len(replaced), self.budget)
         return reason
+
+    def _census_early_exits(self, census: Census, boots: set[str], now: float) -> None:
+        """Add to ``census``, gone ``now``, each instance of ``replaced/`` that is not a failed
+        boot and no longer runs (an early exit: its launcher, which wrote it there, could not
+        start its loop, and its group replaced it), once. A read that fails is tried again at
+        the next heartbeat."""
+        try:
+            ids = sorted(set(self.record.replaced()) - boots - self._early_exits_seen)
+            if not ids:
+                return
+            ended = list(
+                cluster_instances(
+                    self.ec2, self.cluster,
+                    {"Name": "instance-id", "Values": ids},
+                    {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]},
+                )
+            )  # fmt: skip
+        except Exception as e:
+            log.warning("could not look up the job's early exits for its bill: %s", e)
+            return
+        for inst in ended:
+            if (seen := sighting(inst, gone=now)) is not None:
+                census.add(seen)
+                self._early_exits_seen.add(seen.instance_id)
