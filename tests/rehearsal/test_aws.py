@@ -6,7 +6,9 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+import boto3
 import pytest
+from moto import mock_aws
 
 from training.common.names import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
 from training.launcher.backstop import action_name, put_backstop, remove_backstop
@@ -157,6 +159,13 @@ def test_spot_prices_are_the_specs_catalogue_estimate_dated_now(
     for live, catalogue in zip(priced.prices, offline, strict=True):
         assert live.usd_per_hour == pytest.approx(catalogue.usd_per_hour, abs=1e-6)
         assert live.usd_per_hour > 0.01  # not moto's 0.00001
+    # Stopped, the emulator leaves moto as it found it: another moto in this process (a test's
+    # mock_aws) answers moto's own price again.
+    aws.stop()
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=aws.region)
+        history = ec2.describe_spot_price_history(InstanceTypes=["g5.xlarge"])
+        assert {p["SpotPrice"] for p in history["SpotPriceHistory"]} == {"0.00001"}
 
 
 def test_reset_starts_from_nothing(aws: AwsEmulator, small_spec: Path) -> None:

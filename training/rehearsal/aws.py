@@ -67,6 +67,9 @@ _AMI = "ami-12c6146b"  # one of moto's default images
 _SPOT_PRICES: PricesSpec | None = None
 """The spec whose catalogue estimate ``DescribeSpotPriceHistory`` answers (the last
 provisioned; ``AwsEmulator._answer_spot_prices``)."""
+_MOTO_SPOT_ANSWER: Any = None
+"""moto's own ``DescribeSpotPriceHistory`` response method while it is wrapped (None: it is
+not); ``AwsEmulator.stop`` puts it back, so other moto users in the process get moto's."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,7 @@ class AwsEmulator:
                 self.reset()
             self._server.stop()
             self._server = None
+        _restore_spot_answer()
 
     def __enter__(self) -> AwsEmulator:
         return self.start()
@@ -297,12 +301,12 @@ class AwsEmulator:
         it estimates (``PricesSpec.hourly``: ``spot_price_ratio`` x the On-Demand list price,
         or the spec's own price), dated now: a job priced from AWS (a deploy's first host,
         ``hetero job start``) gets the budget the spec's offline prices give. moto's answer
-        is made in this process by its response class, which is wrapped once."""
+        is made in this process by its response class, which is wrapped until ``stop``."""
         from moto.ec2.responses.spot_instances import SpotInstances
 
-        global _SPOT_PRICES
-        if _SPOT_PRICES is None:
-            answer = SpotInstances.describe_spot_price_history
+        global _SPOT_PRICES, _MOTO_SPOT_ANSWER
+        if _MOTO_SPOT_ANSWER is None:
+            answer = _MOTO_SPOT_ANSWER = SpotInstances.describe_spot_price_history
 
             def priced(responses: Any) -> Any:
                 result = answer(responses)
@@ -516,6 +520,16 @@ class AwsEmulator:
 def _sizes(action: dict[str, Any]) -> dict[str, int]:
     """The group sizes a scheduled action sets (those it names)."""
     return {k: action[k] for k in ("MinSize", "MaxSize", "DesiredCapacity") if k in action}
+
+
+def _restore_spot_answer() -> None:
+    """moto's own ``DescribeSpotPriceHistory`` answer back (``AwsEmulator._answer_spot_prices``)."""
+    global _SPOT_PRICES, _MOTO_SPOT_ANSWER
+    if _MOTO_SPOT_ANSWER is not None:
+        from moto.ec2.responses.spot_instances import SpotInstances
+
+        setattr(SpotInstances, "describe_spot_price_history", _MOTO_SPOT_ANSWER)  # noqa: B010
+        _MOTO_SPOT_ANSWER = _SPOT_PRICES = None
 
 
 def _ip_key(ip: str) -> tuple[int, ...]:
