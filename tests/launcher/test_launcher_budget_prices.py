@@ -13,7 +13,8 @@ import pytest
 from training.common.jobparam import GroupPrice, JobPointer, deployed_job_pointer, prices_to_json
 from training.common.jobrecord import JobRecord
 from training.launcher.budget import Budget
-from training.launcher.status import JobStatus, budget_line, prices_text, recorded
+from training.launcher.deploy_prices import recorded_prices
+from training.launcher.status import JobStatus, budget_line, prices_text
 from training.prices import price_lines
 from training.spec import ClusterSpec, parse_spec
 
@@ -116,8 +117,10 @@ def test_status_shows_the_recorded_prices_and_the_spend_at_them(
     ]
     assert prices_text({}) == []
     # A deploy's job whose first host priced it: the record's prices, in the spend as well.
-    deployed.recorded_prices = prices_to_json(PRICES)
-    assert prices_text(deployed.job or {}, recorded(deployed)) == [
+    record.record_prices(prices_to_json(PRICES))  # as deploy_prices writes them
+    deployed.recorded_prices = recorded_prices(record)  # as collect() reads them
+    assert deployed.recorded_prices == PRICES
+    assert prices_text(deployed.job or {}, deployed.recorded_prices) == [
         "prices at the job's start (its first host's, in the job record), each at its most:",
         *[f"  {line}" for line in price_lines(PRICES)],
     ]

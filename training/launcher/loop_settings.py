@@ -45,7 +45,7 @@ class LoopSettings:
     """A budget backstop whose start is closer than this is not put (``backstop.put_backstop``)."""
     backstop_after_s: float | None = None
     """How long after the budget's deadline its scheduled action runs (``backstop``); None:
-    ``default_backstop_after_s``, after every launcher's own end of the job."""
+    ``backstop_after``'s default, after every launcher's own end of the job."""
     lifecycle_wait_s: float = 120.0
     """After this host ended the job (groups at zero): how long it waits for its own instance to
     reach Terminating:Wait, to complete the termination hook (``job_end.complete_own_termination``;

@@ -29,7 +29,6 @@ from training.common.jobparam import (
     GroupPrice,
     JobParameterNotFound,
     parse_job_pointer,
-    prices_from_json,
     read_job_pointer,
 )
 from training.common.jobrecord import JobRecord
@@ -37,6 +36,7 @@ from training.common.names import ENV_CHECKPOINT_URI, asg_name, job_parameter_na
 from training.common.s3 import is_s3_uri, parse_s3_uri, s3_uri
 from training.launcher.bill import bill_lines, job_bill
 from training.launcher.budget import Budget, parse_started
+from training.launcher.deploy_prices import recorded_prices
 from training.prices import offline_prices, price_lines
 from training.spec import ClusterSpec, load_spec
 from training.trainer.checkpoint_s3 import S3CheckpointStore
@@ -52,9 +52,9 @@ class JobStatus:
     ``max_usd``, ``max_hours``, ``prices``), if any."""
     checkpoint_uri: str | None = None
     """Where the job record and the checkpoints were read."""
-    recorded_prices: Any = None
-    """The job record's ``prices.json`` prices, as written (a deploy's job: its first host
-    priced it, ``deploy_prices``); None when it has none."""
+    recorded_prices: tuple[GroupPrice, ...] | None = None
+    """The job record's prices (a deploy's job: its first host priced it, ``deploy_prices``);
+    None when it has none."""
     groups: list[dict[str, Any]] = field(default_factory=list)
     instances: list[dict[str, Any]] = field(default_factory=list)
     outcome: dict[str, Any] | None = None
@@ -147,7 +147,7 @@ def collect(
             status.outcome = record.outcome()
             status.hosts = record.hosts()
             if not (status.job or {}).get("prices"):  # a deploy's job: its first host's
-                status.recorded_prices = record.prices()
+                status.recorded_prices = recorded_prices(record)
             status.budget = budget_line(spec, status, record)
             status.bill, status.bill_recorded = bill_of(spec, status, running)
         except Exception as e:
@@ -173,7 +173,7 @@ def budget_line(
     """Spend from the job's start (the pointer's ``started``, else the record's) to its end
     (the outcome's time) or ``now``, against the spec's caps."""
     pointer = parse_job_pointer(json.dumps(status.job)) if status.job else None
-    budget = Budget.of(spec, pointer, recorded=recorded(status))
+    budget = Budget.of(spec, pointer, recorded=status.recorded_prices)
     started = parse_started((status.job or {}).get("started"))
     if started is None:
         started = record.started_at()
@@ -182,13 +182,6 @@ def budget_line(
     end = (status.outcome or {}).get("time")
     until = float(end) if isinstance(end, int | float) else (time.time() if now is None else now)
     return budget.describe(until - started)
-
-
-def recorded(status: JobStatus) -> tuple[GroupPrice, ...] | None:
-    """The job record's prices (``JobStatus.recorded_prices``), None without readable ones."""
-    if not status.recorded_prices:
-        return None
-    return prices_from_json(status.recorded_prices, source="the job record's prices.json")
 
 
 def bill_of(
@@ -207,7 +200,9 @@ def bill_of(
     pointer = parse_job_pointer(json.dumps(status.job)) if status.job else None
     # As the budget (``Budget.of``, which warns about the catalogue once already).
     prices = (
-        (pointer.prices if pointer else None) or recorded(status) or offline_prices(spec).prices
+        (pointer.prices if pointer else None)
+        or status.recorded_prices
+        or offline_prices(spec).prices
     )
     since = parse_started((status.job or {}).get("started"))
     end = outcome.get("time")
@@ -251,7 +246,7 @@ def render(status: JobStatus) -> None:
         )
     if status.budget:
         console.print(f"spend {status.budget}", markup=False)
-    for line in prices_text(job, recorded(status)):
+    for line in prices_text(job, status.recorded_prices):
         console.print(line, markup=False, highlight=False)
     for line in bill_text(status):
         console.print(line, markup=False, highlight=False)

@@ -381,10 +381,8 @@ class FaultInjector(threading.Thread):
         with self._lock:
             self._held.add(asg)
         self.aws.hold_launches(asg)
-        pids = self.simulator.kill_tree(run)
-        self._say(rec, run, f"{asg} finds no capacity from now until the job ends; SIGKILL "
-                  f"{len(pids)} process(es) at step {rec.step_at_fire}")  # fmt: skip
-        self._terminate(rec, run)
+        self._say(rec, run, f"{asg} finds no capacity from now until the job ends")
+        self._kill(rec, run)
 
     def release_capacity(self) -> None:
         """Capacity is back for every group a ``capacity-gone`` held (the job ended): each
