@@ -74,10 +74,17 @@ def _constraints_module() -> Any:
 
 def test_two_targets_on_one_plain_base() -> None:
     text = DOCKERFILE.read_text()
-    # A plain OS base pinned by release: no framework image bringing its own torch (the image
-    # once ran torch 2.9.1 from pytorch/pytorch while the tests ran another version).
+    # A plain OS base pinned by digest: no framework image bringing its own torch (the image
+    # once ran torch 2.9.1 from pytorch/pytorch while the tests ran another version), and the
+    # release whose python3 is the tests' Python: Debian 12 ships 3.11 (Ubuntu 24.04, the base
+    # before, 3.12). `make images` may only swap in the same release made from its packages.
+    base = re.findall(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
+    assert len(base) == 1 and re.fullmatch(r"debian:bookworm-slim@sha256:[0-9a-f]{64}", base[0])
+    assert sys.version_info[:2] == (3, 11)
+    images_sh = (REPO / "scripts" / "images.sh").read_text()
+    assert "debootstrap --variant=minbase bookworm" in images_sh
     assert re.findall(r"^FROM (.+)$", text, re.MULTILINE) == [
-        "ubuntu:24.04 AS base",
+        "${BASE_IMAGE} AS base",
         "base AS data-server",
         "base AS trainer",  # last: a plain `docker build` gives the trainer image
     ]
@@ -90,10 +97,10 @@ def test_two_targets_on_one_plain_base() -> None:
 
 def test_the_trainer_installs_exactly_the_pinned_set() -> None:
     trainer = _target(DOCKERFILE.read_text(), "trainer")
-    pip_lines = [line for line in trainer.splitlines() if "pip install" in line]
+    pip_lines = [line.strip() for line in trainer.splitlines() if "pip-install " in line]
     assert pip_lines == [
-        "RUN pip install --no-cache-dir --requirement containers/constraints.txt",
-        "RUN pip install --no-cache-dir --no-deps --constraint containers/constraints.txt . \\",
+        "pip-install --requirement containers/constraints.txt",
+        "pip-install --no-deps --constraint containers/constraints.txt . \\",
     ]
     assert "COPY containers/constraints.txt containers/constraints.txt" in trainer
     assert "constraints-cpu.txt" not in trainer
@@ -103,16 +110,20 @@ def test_the_data_server_installs_the_cpu_pins_and_no_cuda_or_efa() -> None:
     """torch and torchvision from PyTorch's CPU index (and only they), everything else from the
     CPU pins, nothing of the EFA installer, no GPU package anywhere in what it installs."""
     data = _target(DOCKERFILE.read_text(), "data-server")
-    pip_lines = [line.strip() for line in data.splitlines() if "pip install" in line]
+    pip_lines = [line.strip() for line in data.splitlines() if "pip-install " in line]
     assert pip_lines == [
-        '&& pip install --no-cache-dir --no-deps --index-url "$TORCH_CPU_INDEX" \\',
-        "&& pip install --no-cache-dir --requirement containers/constraints-cpu.txt \\",
-        "RUN pip install --no-cache-dir --no-deps --constraint containers/constraints-cpu.txt . \\",
+        '&& pip-install --no-deps --index-url "$TORCH_CPU_INDEX" \\',
+        "&& pip-install --requirement containers/constraints-cpu.txt \\",
+        "pypi) pip-install --requirement containers/constraints.txt ;; \\",
+        "pip-install --no-deps --constraint containers/constraints-cpu.txt . \\",
     ]
+    assert "ARG TORCH_FROM=cpu-index" in data
     assert "ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu" in data
     assert "grep -E '^(torch|torchvision)==' containers/constraints-cpu.txt" in data
-    assert "COPY containers/constraints-cpu.txt containers/constraints-cpu.txt" in data
-    assert "containers/constraints.txt" not in data  # the CUDA pins
+    assert "COPY containers/constraints-cpu.txt containers/constraints.txt containers/" in data
+    # The CUDA pins only where asked for by name (TORCH_FROM=pypi), and recorded as left out.
+    assert data.count("--requirement containers/constraints.txt") == 1
+    assert '--target data-server --torch-from "$TORCH_FROM"' in data
     instructions = "\n".join(
         line for line in data.lower().splitlines() if not line.lstrip().startswith("#")
     )
@@ -165,6 +176,7 @@ def test_the_spec_is_not_baked_into_the_image() -> None:
     for target, pins in (("trainer", "constraints.txt"), ("data-server", "constraints-cpu.txt")):
         copies = re.findall(r"^COPY (\S+)", _target(text, target), re.MULTILINE)
         assert copies == [
+            "containers/pip-install.sh",
             f"containers/{pins}",
             "pyproject.toml",
             "training/",
@@ -297,3 +309,30 @@ def test_exit_status_is_the_launchers(tmp_path: Path) -> None:
     env[ENV_SPEC] = "/x.toml"
     result = subprocess.run(["bash", str(ENTRYPOINT), "train"], env=env, timeout=30)
     assert result.returncode == 7
+
+
+def test_no_installer_path_is_assumed() -> None:
+    """Where AWS's EFA installer puts its files is found and recorded by the build's last step
+    (training/common/image.py), never written into the Dockerfile: no /opt/amazon path, no
+    LD_LIBRARY_PATH (the linker's path comes from /etc/ld.so.conf.d), and the record step runs
+    in both targets with the build arguments that say what was left out."""
+    text = DOCKERFILE.read_text()
+    instructions = "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")
+    )
+    assert "/opt/amazon" not in instructions
+    assert "LD_LIBRARY_PATH" not in instructions
+    trainer = _stages(text)["trainer"][1]
+    assert "python -m training.common.image record --target trainer" in trainer
+    assert (
+        '--efa-installer "$EFA_INSTALLER" --cuda-runtime-lib "$CUDA_RUNTIME_WHEEL_LIB"' in trainer
+    )
+    assert "ARG EFA_INSTALLER=aws" in trainer
+    # pip never runs without the CA secret's chance, and never keeps a cache in a layer.
+    steps = re.split(r"^(?=[A-Z]+ )", instructions, flags=re.MULTILINE)
+    runs = [step.removeprefix("RUN ") for step in steps if step.startswith("RUN ")]
+    assert sum("pip-install" in run for run in runs) == 4
+    for run in runs:
+        if "pip-install" in run:
+            assert run.startswith("--mount=type=secret,id=ca_bundle "), run[:80]
+            assert "--mount=type=cache,target=/root/.cache/pip" in run

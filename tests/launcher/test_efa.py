@@ -16,6 +16,7 @@ import pytest
 from moto import mock_aws
 
 from training.cli import main
+from training.common import image
 from training.common.outcome import EXIT_CONFIG
 from training.launcher import efa
 from training.spec import Efa, InstanceGroup, Role
@@ -107,8 +108,16 @@ class FakeHost:
         """Make this the host the launcher itself probes (the module's default paths)."""
         monkeypatch.setattr(efa, "EFA_SYSFS", self.sysfs)
         monkeypatch.setattr(efa, "EFA_DEVFS", self.devfs)
-        monkeypatch.setattr(efa, "EFA_BIN", self.bin)
-        monkeypatch.setattr(efa, "OFI_NCCL_LIB", self.plugin_dir)
+        record = self.bin.parent / "image.json"
+        files = image.EfaFiles(
+            fi_info=str(self.bin / "fi_info"),
+            plugin_dir=str(self.plugin_dir),
+            libfabric_dir=str(self.bin.parent / "lib"),
+            cuda_runtime=str(self.plugin_dir.parent / "wheel" / "libcudart.so.13"),
+        )
+        built = image.ImageRecord("trainer", "3.11.2", "2.15.0", "13.2", files)
+        record.write_text(built.to_json())
+        monkeypatch.setattr(image, "IMAGE_RECORD", record)
         monkeypatch.setenv("PATH", f"{self.bin}:/usr/bin:/bin")  # the fake fi_info comes first
 
 
@@ -271,7 +280,7 @@ def test_on_without_the_provider_in_the_image_names_the_image(host: FakeHost) ->
         efa.trainer_network(group(Efa.ON), host.probe())
     assert str(raised.value) == (
         "group 'trainer' has efa = \"on\" but NCCL cannot use EFA on this host; missing: "
-        f"the EFA provider: no fi_info in {efa.EFA_BIN} or on PATH: the image was not built "
+        "the EFA provider: no fi_info in the image or on PATH: the image was not built "
         "from containers/Dockerfile (its EFA installer step); rebuild and push it (`cdk "
         "deploy` builds containers/Dockerfile); the aws-ofi-nccl plugin: "
         f"{host.plugin_dir / 'libnccl-net.so'} is missing: the image was not built from "

@@ -1,7 +1,8 @@
 """EFA on a trainer host: whether NCCL's traffic goes over it, decided once before torchrun starts.
 
-The image carries the EFA user-space stack (``containers/Dockerfile``: libfabric and ``fi_info``
-under ``/opt/amazon/efa``, the aws-ofi-nccl plugin under ``/opt/amazon/ofi-nccl``). NCCL loads
+The image carries the EFA user-space stack (``containers/Dockerfile``: libfabric with ``fi_info``
+and the aws-ofi-nccl plugin, where AWS's installer put them under ``/opt/amazon``, as the build
+found and recorded them in the image's record, ``training.common.image``). NCCL loads
 the plugin on every host; where EFA does not work, NCCL falls back to TCP sockets without a
 word. This module makes the choice visible in one log line and, for ``efa = "on"``, a
 requirement that stops the host before torchrun (``training.common.outcome.EXIT_CONFIG``). It
@@ -40,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training.common.image import PLUGIN_CUDA_RUNTIME, PLUGIN_LIBRARY, EfaFiles, read_record
 from training.spec import Efa, InstanceGroup
 
 log = logging.getLogger(__name__)
@@ -48,12 +50,6 @@ EFA_SYSFS = Path("/sys/class/infiniband")
 """Where the kernel lists RDMA devices (the host's, also visible inside a container)."""
 EFA_DEVFS = Path("/dev/infiniband")
 """Where ``docker run --device`` puts the verbs device nodes a process opens."""
-EFA_BIN = Path("/opt/amazon/efa/bin")
-"""The EFA installer's ``fi_info`` (searched before ``PATH``)."""
-OFI_NCCL_LIB = Path("/opt/amazon/ofi-nccl/lib")
-"""The aws-ofi-nccl plugin (``libnccl-net.so``) and the ``libcudart.so`` link beside it."""
-PLUGIN_LIBRARY = "libnccl-net.so"
-PLUGIN_CUDA_RUNTIME = "libcudart.so"
 FI_INFO_TIMEOUT_S = 20.0
 """``fi_info`` opens every device; seconds before it counts as failed."""
 
@@ -64,6 +60,11 @@ _EFA_PROVIDER_LINE = re.compile(r"^\s*provider:\s*efa\s*$", re.MULTILINE)
 _REBUILD = (
     "the image was not built from containers/Dockerfile (its EFA installer step); rebuild and "
     "push it (`cdk deploy` builds containers/Dockerfile)"
+)
+_LEFT_OUT = (
+    "this image was built without the EFA stack ({why}); rebuild it where "
+    "efa-installer.amazonaws.com can be reached, without EFA_INSTALLER=none (`cdk deploy` "
+    "builds the full image)"
 )
 
 
@@ -88,19 +89,27 @@ class EfaProbe:
     """``efa`` when usable, else why not, for the log line."""
     plugin_problem: str | None = None
     """What is wrong with the aws-ofi-nccl plugin in the image (None: nothing)."""
+    image_problem: str | None = None
+    """Why the image has no EFA stack at all, from its record (None: it has one)."""
 
     @property
     def usable(self) -> bool:
         return bool(
-            self.devices and self.device_nodes and self.provider_ok and self.plugin_problem is None
+            self.devices
+            and self.device_nodes
+            and self.provider_ok
+            and self.plugin_problem is None
+            and self.image_problem is None
         )
 
     def missing(self) -> list[str]:
         """What keeps EFA from NCCL, root causes first, each with its fix."""
         problems: list[str] = []
-        if self.fi_info is None:
-            problems.append(f"the EFA provider: no fi_info in {EFA_BIN} or on PATH: {_REBUILD}")
-        if self.plugin_problem is not None:
+        if self.image_problem is not None:
+            problems.append(f"the image: {self.image_problem}")
+        elif self.fi_info is None:
+            problems.append(f"the EFA provider: no fi_info in the image or on PATH: {_REBUILD}")
+        if self.plugin_problem is not None and self.image_problem is None:
             problems.append(f"the aws-ofi-nccl plugin: {self.plugin_problem}")
         if not self.devices:
             problems.append(
@@ -141,13 +150,18 @@ def probe(
     timeout_s: float = FI_INFO_TIMEOUT_S,
 ) -> EfaProbe:
     """Look at the devices, run ``fi_info`` (bounded by ``timeout_s``) when there is a device
-    to open, and check the plugin files. Defaults: the module's paths, read at call time;
-    ``search_path`` defaults to ``EFA_BIN`` then ``PATH``."""
+    to open, and check the plugin files. Where the EFA stack is, and whether the image has one,
+    comes from the image's record (``training.common.image``, written by its build);
+    ``search_path`` (default: the recorded ``fi_info``'s folder, then ``PATH``) and
+    ``plugin_dir`` (default: the recorded one) stand in for it."""
     sysfs = EFA_SYSFS if sysfs is None else sysfs
     devfs = EFA_DEVFS if devfs is None else devfs
-    plugin_dir = OFI_NCCL_LIB if plugin_dir is None else plugin_dir
+    files, image_problem = _image_efa()
+    if plugin_dir is None:
+        plugin_dir = Path(files.plugin_dir) if files else None
     if search_path is None:
-        search_path = os.pathsep.join([str(EFA_BIN), os.environ.get("PATH", "")])
+        folders = [str(Path(files.fi_info).parent)] if files else []
+        search_path = os.pathsep.join([*folders, os.environ.get("PATH", "")])
     devices = _efa_devices(sysfs)
     nodes = _device_nodes(devfs)
     fi_info = shutil.which("fi_info", path=search_path)
@@ -157,7 +171,19 @@ def probe(
         provider_ok, provider = False, "not checked: no EFA device in this container"
     else:
         provider_ok, provider = _run_fi_info(fi_info, timeout_s)
-    return EfaProbe(devices, nodes, fi_info, provider_ok, provider, _plugin_problem(plugin_dir))
+    plugin = _plugin_problem(plugin_dir) if plugin_dir else f"no plugin folder: {_REBUILD}"
+    return EfaProbe(devices, nodes, fi_info, provider_ok, provider, plugin, image_problem)
+
+
+def _image_efa() -> tuple[EfaFiles | None, str | None]:
+    """The EFA files the image's build recorded, or why there are none (None, None: this is
+    not an image, e.g. a checkout: the caller's paths decide)."""
+    record = read_record()
+    if record is None:
+        return None, None
+    if record.efa is None:
+        return None, _LEFT_OUT.format(why="; ".join(record.left_out) or "none recorded")
+    return record.efa, None
 
 
 def decide(group: InstanceGroup, found: EfaProbe) -> EfaDecision:
