@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
-import shlex
 from collections.abc import Mapping, Sequence
-from pathlib import PurePosixPath
 from typing import Any
 
 from aws_cdk import (
@@ -25,19 +23,14 @@ from constructs import Construct
 
 from infra.efa import EfaLayout, efa_layouts
 from infra.shard_cache import cache_bytes, root_volume_cache_gib, shard_cache_lines
+from training.common.launch_line import (
+    HOST_SPEC_DIR,
+    LaunchTarget,
+    LogTarget,
+    docker_run_line,
+)
 from training.common.names import (
     DATAPREP_AMI_PARAMETER,
-    DEPLOYED_SPEC_PATH,
-    ENV_ASG_NAMES,
-    ENV_CHECKPOINT_URI,
-    ENV_CLUSTER,
-    ENV_GROUP,
-    ENV_INSTANCE_ID,
-    ENV_JOB_PARAMETER,
-    ENV_LIFECYCLE_HOOK,
-    ENV_REGION,
-    ENV_SHARD_CACHE_DIR,
-    ENV_SPEC,
     LIFECYCLE_HOOK_NAME,
     TAG_CLUSTER,
     TAG_GROUP,
@@ -73,19 +66,6 @@ Amazon S3, reached through the S3 gateway endpoint). An AMI may carry repositori
 Amazon Linux's own (the GPU AMI may carry NVIDIA's CUDA repository), which the private subnet has
 no route to; with them enabled, fetching their metadata could fail or stall the install."""
 ROOT_DEVICE = "/dev/xvda"
-LAUNCHER_RESTARTS = 5
-"""Docker restarts of a launcher that exits non-zero (``docker run --restart on-failure:N``)."""
-LOG_MODE = "non-blocking"
-"""The awslogs driver's delivery mode. Docker's default, ``blocking``, makes a write to stdout
-or stderr wait while the driver cannot send: a CloudWatch Logs throttle would stall the ranks
-mid-step into a collective timeout. ``non-blocking`` puts lines in a per-container buffer and
-drops them when it is full ("Dropping messages is often preferred to blocking the log-writing
-process of an application": https://docs.docker.com/engine/logging/configure/, "Configure the
-delivery mode of log messages from container to log driver")."""
-LOG_BUFFER_SIZE = "16m"
-"""``max-buffer-size`` of that buffer (Docker's default is ``1m``, 1 MB; same page): 16 MB of
-host memory at most, a bounded cost next to the instance's GiBs, for room to ride out a
-throttle instead of dropping lines at once."""
 BOOT_ATTEMPTS = 6
 """Tries of each boot step that depends on the network (package install, image pull)."""
 BOOT_RETRY_SECONDS = 20
@@ -107,8 +87,12 @@ def root_volume_gib(spec: ClusterSpec, group: InstanceGroup) -> int:
     return ROOT_VOLUME_GIB[group.role] + root_volume_cache_gib(spec, group)
 
 
-HOST_SPEC_DIR = str(PurePosixPath(DEPLOYED_SPEC_PATH).parent)
-"""Where the user data writes the deployed spec on the host (mounted read-only at the same path)."""
+DOCKER_UNIT_DIR = "/etc/systemd/system/docker.service.d"
+"""Drop-ins of ``docker.service`` (the user data adds its stop timeout there)."""
+DOCKER_STOP_TIMEOUT_S = CONTAINER_STOP_TIMEOUT_S + 30
+"""``TimeoutStopSec`` of ``docker.service``: the launcher container's stop timeout, plus the 5 s
+dockerd adds to the longest container stop timeout at its own shutdown (moby/moby#22566) and
+room for the daemon's own teardown."""
 DOCKER_CONFIG_DIR = "/root/.docker"
 """Docker client configuration of the user data (root; cloud-init may leave HOME unset)."""
 
@@ -136,30 +120,21 @@ def user_data_script(
     the host and mounted read-only into the container.
     """
     spec_b64 = base64.b64encode(spec_text.encode()).decode()
-    env = {
-        ENV_SPEC: DEPLOYED_SPEC_PATH,
-        ENV_CLUSTER: spec.name,
-        ENV_GROUP: group.name,
-        ENV_CHECKPOINT_URI: checkpoint_uri,
-        ENV_JOB_PARAMETER: job_parameter_name(spec.name),
-        ENV_ASG_NAMES: ",".join(asg_names),
-        ENV_REGION: region,
-        "AWS_REGION": region,
-    }
-    if group.role is Role.TRAINER:
-        # The trainer group's termination hook: completed after the checkpoint it asks for.
-        env[ENV_LIFECYCLE_HOOK] = LIFECYCLE_HOOK_NAME
-    gpu_flags = "--gpus all " if group.role is Role.TRAINER else ""
-    cache_flags = (  # the shard cache's host folder (``shard_cache_lines``), same path inside
-        f'-v "$HOST_SHARD_CACHE:$HOST_SHARD_CACHE" -e {ENV_SHARD_CACHE_DIR}="$HOST_SHARD_CACHE" '
-        if group.role is Role.DATAPREP
-        else ""
+    target = LaunchTarget(
+        cluster=spec.name,
+        group=group.name,
+        trainer=group.role is Role.TRAINER,
+        checkpoint_uri=checkpoint_uri,
+        job_parameter=job_parameter_name(spec.name),
+        asg_names=tuple(asg_names),
+        region=region,
+        lifecycle_hook=LIFECYCLE_HOOK_NAME,
     )
-    env_flags = " ".join(f"-e {k}={shlex.quote(v)}" for k, v in env.items())
 
     return [
         "set -euo pipefail",
         f"HOST_SPEC_DIR={HOST_SPEC_DIR}",
+        f"DOCKER_UNIT_DIR={DOCKER_UNIT_DIR}",
         f"export DOCKER_CONFIG={DOCKER_CONFIG_DIR}",
         "retry() {",
         f"  for attempt in $(seq 1 {BOOT_ATTEMPTS}); do",
@@ -206,6 +181,15 @@ def user_data_script(
             else []
         ),
         "fi",
+        # Docker's stop must outlast the launcher container's: at a shutdown systemd stops
+        # docker.service within its TimeoutStopSec (DefaultTimeoutStopSec, 90 s, unless the unit
+        # sets one: https://www.freedesktop.org/software/systemd/man/latest/systemd.service.html#TimeoutStopSec=,
+        # systemd-system.conf(5)), then SIGKILLs dockerd, which would cut short the container's
+        # --stop-timeout (CONTAINER_STOP_TIMEOUT_S) and the checkpoint it waits for.
+        'mkdir -p "$DOCKER_UNIT_DIR"',
+        f"printf '[Service]\\nTimeoutStopSec={DOCKER_STOP_TIMEOUT_S}\\n' "
+        '> "$DOCKER_UNIT_DIR/hetero-stop-timeout.conf"',
+        "systemctl daemon-reload",
         "systemctl enable --now docker",
         # Registry login through the credential helper (neither AMI has the AWS CLI's
         # `ecr get-login-password` to rely on); packages come through the S3 gateway endpoint.
@@ -220,28 +204,8 @@ def user_data_script(
         "EFA_DEVICES=$(for d in /dev/infiniband/uverbs*; do "
         '[ -e "$d" ] && printf -- "--device=%s " "$d"; done; true)',
         "INSTANCE_ID=$(retry imds instance-id)",
-        # Host networking: NCCL, EFA and the data plane's gRPC port see the instance's address.
-        # The launcher retries a failed role itself (restart budget); Docker restarts the
-        # launcher if it dies, and the restarted one reads the job record before running.
-        # The trainer's EMF lines need no log option: CloudWatch Logs extracts metrics from EMF
-        # events; the json/emf header is optional
-        # (https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Generation_PutLogEvents.html).
-        # --stop-timeout: a stop without its own timeout (`docker stop`; the daemon's shutdown
-        # uses each container's stop timeout too, moby/moby#22566) waits for the role's grace
-        # and the launcher's own stop before SIGKILL (CONTAINER_STOP_TIMEOUT_S).
-        f"docker run --detach --restart on-failure:{LAUNCHER_RESTARTS} --name hetero "
-        f"--stop-timeout {CONTAINER_STOP_TIMEOUT_S} "
-        "--network host --ipc host "
-        f"--ulimit memlock=-1 --ulimit stack=67108864 {gpu_flags}$EFA_DEVICES"
-        '-v "$HOST_SPEC_DIR:$HOST_SPEC_DIR:ro" '
-        f"{cache_flags}"
-        f'{env_flags} -e {ENV_INSTANCE_ID}="$INSTANCE_ID" '
-        "--log-driver awslogs "
-        f"--log-opt awslogs-region={region} "
-        f"--log-opt awslogs-group={log_group_name} "
-        f'--log-opt awslogs-stream={group.name}/"$INSTANCE_ID" '
-        f"--log-opt mode={LOG_MODE} --log-opt max-buffer-size={LOG_BUFFER_SIZE} "
-        f'"$IMAGE" launch --spec {DEPLOYED_SPEC_PATH} --group {group.name}',
+        # The launcher's container (training/common/launch_line.py: its flags, and why).
+        docker_run_line(target, LogTarget(region=region, log_group=log_group_name)),
     ]
 
 

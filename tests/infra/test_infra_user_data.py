@@ -141,6 +141,7 @@ class Boot:
         self.spec_dir = tmp / "host" / "deployed"
         self.docker_config = tmp / "host" / "docker"
         self.shard_cache = tmp / "host" / "shards"
+        self.docker_unit_dir = tmp / "host" / "docker.service.d"
         self.sys_block = tmp / "sys" / "block"
         for disk, model in (nvme or {}).items():
             (self.sys_block / disk / "device").mkdir(parents=True)
@@ -167,6 +168,10 @@ class Boot:
                 "HOST_SHARD_CACHE=/var/lib/hetero/shards", f"HOST_SHARD_CACHE={self.shard_cache}"
             )
             .replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={self.sys_block}")
+            .replace(
+                "DOCKER_UNIT_DIR=/etc/systemd/system/docker.service.d",
+                f"DOCKER_UNIT_DIR={self.docker_unit_dir}",
+            )
             .replace("PROC_MOUNTS=/proc/mounts", f"PROC_MOUNTS={self.proc_mounts}")
         )
         self.bin = tmp / "bin"
@@ -179,11 +184,20 @@ class Boot:
             (self.bin / name).chmod(0o755)
         if not docker_installed:
             (self.bin / "docker").unlink()
+        # The host's own tools, but never a real Docker: on a machine that has one, a boot
+        # "without Docker" would find it and pull from a registry.
+        self.system_bin = tmp / "system-bin"
+        self.system_bin.mkdir()
+        for folder in (Path("/usr/bin"), Path("/bin")):
+            for tool in folder.iterdir():
+                link = self.system_bin / tool.name
+                if not tool.name.startswith("docker") and not link.exists():
+                    link.symlink_to(tool)
         self.log = tmp / "calls.jsonl"
 
     def run(self, **fail: int) -> subprocess.CompletedProcess[str]:
         env = {
-            "PATH": f"{self.bin}{os.pathsep}/usr/bin{os.pathsep}/bin",
+            "PATH": f"{self.bin}{os.pathsep}{self.system_bin}",
             "STUB_LOG": str(self.log),
             "STUB_DIR": str(self.tmp),
             **{f"STUB_FAIL_{name.upper()}": str(n) for name, n in fail.items()},
@@ -256,6 +270,7 @@ def test_boot_installs_the_credential_helper_pulls_and_runs_the_launcher(
     image = _image(spot, group)
     run = _expected_run(image, group, trainer, boot)
     assert boot.calls() == [
+        ("systemctl", ["daemon-reload"]),
         ("systemctl", ["enable", "--now", "docker"]),
         ("dnf", DNF_HELPER),
         ("docker", ["pull", image]),
@@ -265,6 +280,12 @@ def test_boot_installs_the_credential_helper_pulls_and_runs_the_launcher(
                   "http://169.254.169.254/latest/meta-data/instance-id"]),
         ("docker", run),
     ]  # fmt: skip
+    # docker.service may take longer to stop than the launcher's container (systemd's default
+    # stop timeout, 90 s, is less than --stop-timeout 130), and the drop-in came before the
+    # daemon-reload that loads it.
+    drop_in = (boot.docker_unit_dir / "hetero-stop-timeout.conf").read_text()
+    assert drop_in == f"[Service]\nTimeoutStopSec={CONTAINER_STOP_TIMEOUT_S + 30}\n"
+    assert int(run[run.index("--stop-timeout") + 1]) + 5 < CONTAINER_STOP_TIMEOUT_S + 30
     # Docker asks the credential helper for this registry: no `aws ecr get-login-password`.
     config = json.loads((boot.docker_config / "config.json").read_text())
     assert config == {"credHelpers": {REGISTRY: "ecr-login"}}
@@ -278,6 +299,7 @@ def test_network_steps_are_retried_until_they_succeed(spot: BuiltApp, tmp_path: 
     assert result.returncode == 0, result.stderr
     names = [(name, argv[0]) for name, argv in boot.calls()]
     assert names == [
+        ("systemctl", "daemon-reload"),
         ("systemctl", "enable"),
         ("dnf", "--disablerepo=*"),
         ("docker", "pull"), ("sleep", "20"),
@@ -297,7 +319,10 @@ def test_a_step_that_never_succeeds_stops_the_boot_with_a_message(
     result = boot.run(dnf=99)
     assert result.returncode != 0
     calls = boot.calls()
-    assert calls == [("systemctl", ["enable", "--now", "docker"])] + [
+    assert calls == [
+        ("systemctl", ["daemon-reload"]),
+        ("systemctl", ["enable", "--now", "docker"]),
+    ] + [
         ("dnf", DNF_HELPER), ("sleep", ["20"])
     ] * 5 + [("dnf", DNF_HELPER), ("shutdown", ["-h", "now"])]  # fmt: skip
     assert not [c for c in calls if c[0] == "docker"]  # no pull, no launcher without the helper
@@ -322,6 +347,7 @@ def test_a_failed_docker_run_shuts_the_instance_down(
     image = _image(spot, group)
     run = _expected_run(image, group, trainer, boot)
     assert boot.calls() == [
+        ("systemctl", ["daemon-reload"]),
         ("systemctl", ["enable", "--now", "docker"]),
         ("dnf", DNF_HELPER),
         ("docker", ["pull", image]),
@@ -360,15 +386,19 @@ def test_docker_is_installed_when_the_ami_lacks_it(
     boot = Boot(tmp_path, _script(spot, group), docker_installed=False)
     result = boot.run(dnf=1)
     assert result.returncode == 0, result.stderr
-    first = [(name, argv) for name, argv in boot.calls()][:5]
-    assert first == [
-        ("dnf", DNF_DOCKER),  # failed once: retried
-        ("sleep", ["20"]),
-        ("dnf", DNF_DOCKER),
-        *([("nvidia-ctk", ["runtime", "configure", "--runtime=docker"])] if trainer else []),
-        ("systemctl", ["enable", "--now", "docker"]),
-        *([] if trainer else [("dnf", DNF_HELPER)]),
-    ]
+    first = [(name, argv) for name, argv in boot.calls()][:6]
+    assert (
+        first
+        == [
+            ("dnf", DNF_DOCKER),  # failed once: retried
+            ("sleep", ["20"]),
+            ("dnf", DNF_DOCKER),
+            *([("nvidia-ctk", ["runtime", "configure", "--runtime=docker"])] if trainer else []),
+            ("systemctl", ["daemon-reload"]),
+            ("systemctl", ["enable", "--now", "docker"]),
+            *([] if trainer else [("dnf", DNF_HELPER)]),
+        ][:6]
+    )
     assert boot.calls()[-1][1][0] == "run"
 
 
