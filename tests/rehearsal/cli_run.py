@@ -1,5 +1,6 @@
 """``hetero rehearse`` run as a user runs it (a child process of the CLI), with its AWS calls
-recorded and checked against tests/aws_calls.json: for the end-to-end rehearsal tests."""
+recorded and checked against tests/aws_calls.json, and the invariants every scenario's report
+shares: for the end-to-end rehearsal tests (tests/rehearsal/, tests/images/)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,23 @@ def rehearse(
 
 def context(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+
+
+def assert_clean_end(
+    proc: subprocess.CompletedProcess[str], report: dict[str, Any], outcome: str = "finished"
+) -> None:
+    """The invariants every scenario shares."""
+    assert report["failed_invariants"] == [], context(proc)
+    assert proc.returncode == (0 if outcome == "finished" else 1) or outcome != "finished"
+    assert report["outcome"] == outcome, context(proc)
+    assert set(report["groups_desired_at_end"].values()) == {0}
+    assert report["instances_running_at_end"] == []
+    assert report["processes_left"] == []
+
+
+def assert_exactly_once_and_equal(report: dict[str, Any]) -> None:
+    assert report["final_step"] == STEPS
+    assert report["samples"] and all(
+        e["lost"] == 0 and e["repeated"] == 0 for e in report["samples"]
+    ), report["samples"]
+    assert report["params_equal_uninterrupted"] is True, report["params_comparison"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +19,21 @@ import pytest
 from training.prices import offline_prices
 from training.spec import load_spec
 
-from .cli_run import REPO, SPEC, STEPS, TIMEOUT_S, context, rehearse
+from .cli_run import (
+    REPO,
+    SPEC,
+    STEPS,
+    TIMEOUT_S,
+    assert_clean_end,
+    assert_exactly_once_and_equal,
+    context,
+    rehearse,
+)
 
 # Every rehearsal records its AWS calls (rehearse() checks them against tests/aws_calls.json).
 pytestmark = pytest.mark.aws_calls
 ELASTIC_SPEC = REPO / "specs" / "rehearsal-elastic.toml"
 INTERVAL = 4  # specs/rehearsal.toml: job.checkpoint.interval_steps
-
-
-def assert_clean_end(
-    proc: subprocess.CompletedProcess[str], report: dict[str, Any], outcome: str = "finished"
-) -> None:
-    """The invariants every scenario shares."""
-    assert report["failed_invariants"] == [], context(proc)
-    assert proc.returncode == (0 if outcome == "finished" else 1) or outcome != "finished"
-    assert report["outcome"] == outcome, context(proc)
-    assert set(report["groups_desired_at_end"].values()) == {0}
-    assert report["instances_running_at_end"] == []
-    assert report["processes_left"] == []
-
-
-def assert_exactly_once_and_equal(report: dict[str, Any]) -> None:
-    assert report["final_step"] == STEPS
-    assert report["samples"] and all(
-        e["lost"] == 0 and e["repeated"] == 0 for e in report["samples"]
-    ), report["samples"]
-    assert report["params_equal_uninterrupted"] is True, report["params_comparison"]
 
 
 def instance_logs(out: Path) -> dict[str, str]:

@@ -9,6 +9,13 @@ from pathlib import Path
 
 from training.launcher.supervisor import become_subreaper
 from training.rehearsal import report
+from training.rehearsal.containers import (
+    IMAGE_REPOSITORY,
+    ROLE_TAGS,
+    ImageMissing,
+    check_images,
+    docker_client,
+)
 from training.rehearsal.faults import (
     INSTANCE_FORM,
     LAUNCH_FORM,
@@ -135,6 +142,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "spec's job.max_usd)",
     )
     parser.add_argument(
+        "--image",
+        nargs="?",
+        const=IMAGE_REPOSITORY,
+        default=None,
+        metavar="REPOSITORY",
+        help="run every instance's launcher in a container of its role's image "
+        f"(REPOSITORY:{ROLE_TAGS['trainer']}, REPOSITORY:{ROLE_TAGS['dataprep']}; default "
+        f"{IMAGE_REPOSITORY}, what `make images` builds), started by the stack's user data's own "
+        "`docker run` line; without it, as processes of this checkout",
+    )
+    parser.add_argument(
         "--notice-seconds",
         type=float,
         default=None,
@@ -194,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         resume_stopped=args.resume_stopped,
         resume_max_usd=args.resume_max_usd,
+        image=args.image,
         launcher_args=tuple(
             arg
             for flag, value in values.items()
@@ -201,6 +220,12 @@ def run(args: argparse.Namespace) -> int:
             for arg in (f"--{flag}", str(value))
         ),
     )
+    if args.image is not None:
+        try:
+            check_images(docker_client(), args.image)
+        except ImageMissing as e:
+            print(f"hetero rehearse: {e}", file=sys.stderr)
+            return EXIT_USAGE
     _, code = rehearse(
         options,
         baseline_dir=Path(args.baseline) if args.baseline else None,

@@ -46,6 +46,7 @@ from training.common.names import (
     TAG_ROLE,
 )
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, EmulatedInstance
+from training.rehearsal.containers import ContainerLauncher, remove_labelled
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import FaultKind
 from training.rehearsal.imds import ImdsEmulator
@@ -110,13 +111,13 @@ def launcher_argv(spec_path: Path, imds_url: str, extra: Sequence[str] = ()) -> 
     """The instance's entry point, as the image runs it (one place to add flags). The IMDS
     endpoint is not a flag: the launcher finds it in ``AWS_EC2_METADATA_SERVICE_ENDPOINT``, as
     boto3 does (``launcher_env``)."""
+    launch = [sys.executable, "-m", "training.cli", "launch", "--spec", str(spec_path)]
+    return [*launch, *launcher_flags(extra)]
+
+
+def launcher_flags(extra: Sequence[str] = ()) -> list[str]:
+    """The flags every emulated instance's launcher gets after ``--spec`` (time scaled down)."""
     return [
-        sys.executable,
-        "-m",
-        "training.cli",
-        "launch",
-        "--spec",
-        str(spec_path),
         "--spot-poll",
         str(SPOT_POLL_S),
         # Time scaled down like the two-minute notice: the first retry after a failure waits
@@ -296,14 +297,21 @@ class InstanceRun:
     instance's metadata has no tags."""
     shut_down: bool = False
     """A failed boot shut the instance down (``AwsEmulator.shut_down_from_os``)."""
+    container_marker: str | None = None
+    """The rehearsal's run id when the launcher runs in a container (``--image``): its
+    processes are not the client's children and are found by their marker."""
 
     @property
     def launcher_running(self) -> bool:
         return self.popen.poll() is None
 
     def live_processes(self) -> list[psutil.Process]:
-        """The launcher and every descendant now (tracked ones included, even re-parented)."""
+        """The launcher and every descendant now (tracked ones included, even re-parented; in a
+        container, every process that carries the instance's marker)."""
         procs = dict(self.procs)
+        if self.container_marker is not None:
+            for p in marked_processes(self.container_marker, self.instance_id):
+                procs.setdefault(p.pid, p)
         try:
             root = psutil.Process(self.popen.pid)
             procs[root.pid] = root
@@ -329,9 +337,11 @@ class GroupSimulator(threading.Thread):
         launcher_args: Sequence[str] = (),
         base_env: Mapping[str, str] | None = None,
         command: Callable[[Path, str, Sequence[str]], list[str]] = launcher_argv,
+        containers: ContainerLauncher | None = None,
     ) -> None:
         """``command(spec_path, imds_url, launcher_args)`` is each instance's argv (tests swap
-        in a stand-in for the launcher)."""
+        in a stand-in for the launcher); with ``containers``, each launcher runs in a container
+        of its role's image instead (``hetero rehearse --image``)."""
         super().__init__(name="group-simulator", daemon=True)
         self.aws = aws
         self.ctx = ctx
@@ -342,6 +352,7 @@ class GroupSimulator(threading.Thread):
         self.launcher_args = tuple(launcher_args)
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.command = command
+        self.containers = containers
         self._lock = threading.RLock()
         self._runs: dict[str, InstanceRun] = {}
         self._order: dict[str, list[str]] = {}
@@ -434,14 +445,25 @@ class GroupSimulator(threading.Thread):
             tags={} if fault is FaultKind.EARLY_EXIT else tags,
         ).start()
         log_file = open(folder / LAUNCHER_LOG, "ab")  # noqa: SIM115 - closed at termination
-        argv = (
-            failed_boot_argv()
-            if fault is FaultKind.BOOT_FAIL
-            else self.command(self.spec_path, imds.url, self.launcher_args)
-        )
         env = launcher_env(self.base_env, self.ctx, imds_url=imds.url, instance_id=inst.instance_id)
         tmp = instance_tmpdir(inst.instance_id)
         env["TMPDIR"] = str(tmp)
+        in_container = self.containers is not None and fault is not FaultKind.BOOT_FAIL
+        if fault is FaultKind.BOOT_FAIL:
+            argv = failed_boot_argv()
+        elif self.containers is not None:
+            argv = self.containers.argv(
+                instance_id=inst.instance_id,
+                group=inst.group,
+                role=inst.role,
+                folder=folder,
+                rehearsal_env=launcher_env(
+                    {}, self.ctx, imds_url=imds.url, instance_id=inst.instance_id
+                ),
+                launcher_args=launcher_flags(self.launcher_args),
+            )
+        else:
+            argv = self.command(self.spec_path, imds.url, self.launcher_args)
         try:
             popen = subprocess.Popen(
                 argv,
@@ -473,6 +495,7 @@ class GroupSimulator(threading.Thread):
             else inst.launched_at - self.events.started_wall,
             tmpdir=tmp,
             launch_fault=fault,
+            container_marker=self.ctx.run_id if in_container else None,
         )
         self._runs[inst.instance_id] = run
         self.events.add(
@@ -577,6 +600,8 @@ class GroupSimulator(threading.Thread):
                 procs.setdefault(p.pid, p)
             if run.launcher_running:
                 run.killed = True
+            if run.container_marker is not None and self.containers is not None:
+                self.containers.remove(run.instance_id)  # every process in it, at once
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.popen.pid, signal.SIGKILL)
             # The launcher is reaped by its Popen only: reaped elsewhere, Popen would report 0.
@@ -634,6 +659,8 @@ class GroupSimulator(threading.Thread):
                     run.imds.stop()
                     with contextlib.suppress(OSError):
                         run.log_file.close()
+            if self.containers is not None:
+                remove_labelled(self.containers.docker, self.ctx.run_id)
             leftovers = marked_processes(self.ctx.run_id)
             kill_processes(leftovers)
         # Give re-parented zombies a moment to be reaped by whoever adopted them.

@@ -32,6 +32,13 @@ from training.data.splits import Split, build_split
 from training.rehearsal import audit, params, report
 from training.rehearsal.aws import FAKE_CREDENTIALS, AwsEmulator, ClusterNames, region_for
 from training.rehearsal.bill_check import bill_facts
+from training.rehearsal.containers import (
+    ROLE_TAGS,
+    STAND_INS,
+    ContainerLauncher,
+    check_images,
+    docker_client,
+)
 from training.rehearsal.datatier import DesiredWatch, data_tier_facts
 from training.rehearsal.events import EventLog
 from training.rehearsal.faults import NO_OUTCOME, FaultKind, Scenario
@@ -85,6 +92,9 @@ class RehearsalOptions:
     resume_stopped: int = 0
     """How many times a job that ends ``stopped`` (its budget) is continued with
     ``hetero job start --resume`` (the real command, against the emulated AWS)."""
+    image: str | None = None
+    """The repository of the images every launcher runs in (``hetero rehearse --image``: each
+    role's tag, ``training.rehearsal.containers``); None: as processes of this checkout."""
     resume_max_usd: tuple[float, ...] = ()
     """Each continued job's own budget (``--max-usd``), in order, the last for every later one;
     empty: the spec's."""
@@ -203,6 +213,17 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
             sample_dir=sample_dir,
             run_id=run_id,
         )
+        containers = _containers(options, names, run_id, out)
+        if containers is not None:
+            events.add(
+                "containers",
+                "every launcher in a container: "
+                + ", ".join(f"{role} {containers.image(role)}" for role in ROLE_TAGS),
+            )
+            facts["containers"] = {
+                "images": {role: containers.image(role) for role in ROLE_TAGS},
+                "stand_ins": dict(STAND_INS),
+            }
         simulator = GroupSimulator(
             aws=aws,
             ctx=ctx,
@@ -210,6 +231,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
             out_dir=out,
             events=events,
             launcher_args=options.launcher_args,
+            containers=containers,
         )
         injector = FaultInjector(
             options.scenario.faults,
@@ -284,6 +306,24 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
     )
     facts["events"] = [e.to_json() for e in events.events()]
     return facts
+
+
+def _containers(
+    options: RehearsalOptions, names: ClusterNames, run_id: str, out: Path
+) -> ContainerLauncher | None:
+    """The container launcher of ``--image`` (None without it); raises ImageMissing."""
+    if options.image is None:
+        return None
+    containers = ContainerLauncher(
+        docker=docker_client(),
+        repository=options.image,
+        names=names,
+        spec_text=options.spec_path.read_text(),
+        run_id=run_id,
+        out_dir=out,
+    )
+    check_images(containers.docker, containers.repository)
+    return containers
 
 
 def _watch(
