@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: install install-dev local test lint proto bench clean aws-calls
+.PHONY: install install-dev local test lint proto bench clean aws-calls images image-test
 
 # Reinstall only when pyproject.toml or the pins change. containers/constraints.txt is the one set
 # of versions: the image installs from it too, and a test fails when the two drift apart.
@@ -52,9 +52,24 @@ lint: install
 # (tests/made_once.py: the rehearsal baseline is made once).
 test: install-dev lint
 	shared=$$(mktemp -d) && trap 'rm -rf "$$shared"' EXIT && \
-	HETERO_TEST_SHARED=$$shared $(BIN)/pytest -n auto --dist worksteal --durations=10 -m "not alone" && \
+	HETERO_TEST_SHARED=$$shared $(BIN)/pytest -n auto --dist worksteal --durations=10 -m "not alone and not image" && \
 	HETERO_TEST_SHARED=$$shared $(BIN)/pytest --durations=3 -m alone \
 		$$(grep -rl --include='*.py' 'pytest.mark.alone' tests)
+
+# The two images of containers/Dockerfile, hetero-train:trainer and hetero-train:data-server, built
+# with the Docker this machine has (scripts/with_docker.sh installs and starts it under CI; it says
+# what to install anywhere else). Where Docker Hub, AWS's EFA installer or PyTorch's CPU index
+# cannot be reached, scripts/images.sh says so and builds with the build argument that stands in.
+images:
+	scripts/with_docker.sh scripts/images.sh
+
+# The images run in real containers (tests/images/, marked image; .ci/run runs this after `make
+# test`). Where Docker cannot run, it says why and fails; HETERO_SKIP_IMAGE_TESTS=1 skips it.
+image-test: install-dev
+	@if [ -n "$${HETERO_SKIP_IMAGE_TESTS:-}" ]; then \
+		echo "make image-test: skipped (HETERO_SKIP_IMAGE_TESTS is set)"; exit 0; fi; \
+	scripts/with_docker.sh scripts/images.sh && \
+	scripts/with_docker.sh $(BIN)/pytest -p no:cacheprovider --durations=10 -m image tests/images
 
 # Rebuild tests/aws_calls.json from every test that records AWS calls (marked aws_calls), then the
 # generated IAM section of docs/security.md from it (tests/aws_calls.py, tests/infra/iam_docs.py).

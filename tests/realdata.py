@@ -10,10 +10,12 @@ timm's eval transform restated with ``torchvision.transforms``), never importing
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -130,3 +132,26 @@ def independent_top1(
     finally:
         model.train(was_training)
     return correct / len(dataset)
+
+
+def exported_top1(model_dir: Path, val_dir: Path) -> tuple[float, dict[str, Any]]:
+    """An exported model (``model.safetensors`` + ``config.json``) loaded by plain timm, scored
+    by ``independent_top1`` with the preprocessing its config names; (top-1, the config)."""
+    import timm  # only here: the rest of this module needs no timm
+
+    config = json.loads((model_dir / "config.json").read_text())
+    model = timm.create_model(
+        config["architecture"],
+        pretrained=True,
+        pretrained_cfg_overlay={
+            "file": str(model_dir / "model.safetensors"),
+            "num_classes": config["num_classes"],
+        },
+        **config["model_args"],
+    )
+    cfg = config["pretrained_cfg"]
+    top1 = independent_top1(
+        model, val_dir, image_size=cfg["input_size"][-1], crop_pct=cfg["crop_pct"],
+        interpolation=cfg["interpolation"], mean=cfg["mean"], std=cfg["std"],
+    )  # fmt: skip
+    return top1, config

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import timm
 from launcher.processes import run_watched
-from realdata import NUM_CLASSES, independent_top1, write_digits
+from realdata import NUM_CLASSES, exported_top1, write_digits
 
 REPO = Path(__file__).resolve().parents[2]
 # Chance is 10 %. The recipe reached 87-95 % in plain-loop trials of 300-400 steps; the run here
@@ -93,20 +92,6 @@ def test_real_digits_train_far_above_chance_and_the_exported_model_agrees(
 
     # The exported model, with timm alone, scored by code that shares nothing with the trainer.
     model_dir = Path(summary["model"])
-    config = json.loads((model_dir / "config.json").read_text())
-    model = timm.create_model(
-        config["architecture"],
-        pretrained=True,
-        pretrained_cfg_overlay={
-            "file": str(model_dir / "model.safetensors"),
-            "num_classes": config["num_classes"],
-        },
-        **config["model_args"],
-    )
-    cfg = config["pretrained_cfg"]
-    top1 = independent_top1(
-        model, folders.val_dir, image_size=cfg["input_size"][-1], crop_pct=cfg["crop_pct"],
-        interpolation=cfg["interpolation"], mean=cfg["mean"], std=cfg["std"],
-    )  # fmt: skip
+    top1, config = exported_top1(model_dir, folders.val_dir)
     assert config["label_names"] == [str(i) for i in range(NUM_CLASSES)]
     assert round(top1 * folders.val_count) == round(final["top1"] * folders.val_count)
