@@ -1,14 +1,19 @@
 """A small prepared dataset for the shard-source tests: real digit images (``tests/realdata``),
 packed in WebDataset's layout with a manifest in ``training/data/manifest.py``'s format. Written
-here with ``tarfile`` so the reader is tested against the format, not against its own writer."""
+here with ``tarfile`` so the reader is tested against the format, not against its own writer.
+``prep_digits`` instead prepares them with the real command, for the tests that train on them."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from launcher.processes import run_watched
+from realdata import DigitsFolders, write_digits
 
 from training.data.manifest import MANIFEST_NAME, Manifest, Shard, SplitIndex
 from training.data.splits import Split, build_split
@@ -72,3 +77,16 @@ def write_prepared(
     manifest = Manifest(classes=tuple(classes), splits=splits, source="tests")
     (root / MANIFEST_NAME).write_bytes(manifest.dumps())
     return Prepared(root, manifest, images, labels)
+
+
+def prep_digits(root: Path) -> tuple[DigitsFolders, Path]:
+    """The digits written as images under ``root/digits`` and prepared by ``hetero dataset prep``
+    itself (the command a user runs) into ``root/shards``; (the image folders, the shards)."""
+    folders = write_digits(root / "digits", size=32)
+    shards = root / "shards"
+    prep = [sys.executable, "-m", "training.cli", "dataset", "prep",
+            "--src", str(folders.train_dir), "--val-src", str(folders.val_dir),
+            "--out", str(shards), "--shard-mb", "0.1"]  # fmt: skip
+    prepared = run_watched(prep, cwd=Path(__file__).resolve().parents[1], timeout_s=120)
+    assert prepared.returncode == 0, prepared.output[-4000:]
+    return folders, shards

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from launcher.processes import run_watched
-from realdata import exported_top1, write_digits
+from realdata import exported_top1
+from shards_support import prep_digits
 
 from training.common.outcome import CONTAINER_STOP_TIMEOUT_S, EXIT_FINISHED, EXIT_STOPPED
 from training.common.steps import MARKER
@@ -59,13 +58,7 @@ def trainer_args(spec: Path, run_dir: Path) -> list[str]:
 def test_data_server_containers_feed_a_trainer_container_that_stops_resumes_and_learns(
     containers: Containers, tmp_path: Path
 ) -> None:
-    folders = write_digits(tmp_path / "digits", size=32)
-    shards = tmp_path / "shards"
-    prep = [sys.executable, "-m", "training.cli", "dataset", "prep",
-            "--src", str(folders.train_dir), "--val-src", str(folders.val_dir),
-            "--out", str(shards), "--shard-mb", "0.1"]  # fmt: skip
-    prepared = run_watched(prep, cwd=REPO, timeout_s=120)
-    assert prepared.returncode == 0, prepared.output[-4000:]
+    folders, shards = prep_digits(tmp_path)
     spec = job_spec(tmp_path, shards)
     run_dir = tmp_path / "run"
     servers = []

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from launcher.processes import run_watched
-from realdata import NUM_CLASSES, exported_top1, write_digits
+from realdata import NUM_CLASSES, exported_top1
+from shards_support import prep_digits
 
 REPO = Path(__file__).resolve().parents[2]
 # Chance is 10 %. The recipe reached 87-95 % in plain-loop trials of 300-400 steps; the run here
@@ -63,13 +64,7 @@ def digits_spec(tmp_path: Path, shards: Path) -> Path:
 def test_real_digits_train_far_above_chance_and_the_exported_model_agrees(
     tmp_path: Path,
 ) -> None:
-    folders = write_digits(tmp_path / "digits", size=32)
-    shards = tmp_path / "shards"
-    prep = [sys.executable, "-m", "training.cli", "dataset", "prep",
-            "--src", str(folders.train_dir), "--val-src", str(folders.val_dir),
-            "--out", str(shards), "--shard-mb", "0.1"]  # fmt: skip
-    prepared = run_watched(prep, cwd=REPO, timeout_s=120)
-    assert prepared.returncode == 0, prepared.output[-4000:]
+    folders, shards = prep_digits(tmp_path)
     spec = digits_spec(tmp_path, shards)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.cli", "local", "--spec", str(spec),
