@@ -13,7 +13,7 @@ from moto import mock_aws
 from training.common.names import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
 from training.launcher.backstop import action_name, put_backstop, remove_backstop
 from training.prices import offline_prices, price_groups
-from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator
+from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator, subnet_cidr
 from training.spec import load_spec
 
 
@@ -62,7 +62,7 @@ def test_provision_creates_groups_tags_hook_and_bucket(aws: AwsEmulator, small_s
     for inst in instances:
         assert inst.state == "running"
         ip = ipaddress.ip_address(inst.private_ip)
-        assert ip.is_loopback and ip in ipaddress.ip_network("127.0.1.0/24")
+        assert ip.is_loopback and ip in ipaddress.ip_network(aws.subnet)
     assert len({i.private_ip for i in instances}) == 3
 
 
@@ -243,3 +243,15 @@ def test_the_budget_backstop_is_put_replaced_run_at_its_time_and_removed(
     assert remove_backstop(autoscaling, groups) == groups
     assert aws.scheduled_actions(names) == []
     assert remove_backstop(autoscaling, groups) == []
+
+
+def test_each_emulator_draws_a_loopback_subnet_of_its_own() -> None:
+    """Two rehearsals at once (the suite runs several) must not share their instances' addresses:
+    their data servers bind the same port with SO_REUSEPORT and would take each other's calls."""
+    assert subnet_cidr(7) == "127.0.7.0/24"
+    with pytest.raises(ValueError, match=r"subnet octet 0 is not in 1\.\.254"):
+        subnet_cidr(0)
+    drawn = {subnet_cidr() for _ in range(50)}
+    assert len(drawn) > 10 and all(ipaddress.ip_network(s).subnet_of(
+        ipaddress.ip_network("127.0.0.0/16")) for s in drawn)  # fmt: skip
+    assert AwsEmulator(subnet="127.0.9.0/24").subnet == "127.0.9.0/24"

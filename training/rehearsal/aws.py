@@ -3,8 +3,12 @@
 ``AwsEmulator.start()`` runs ``moto.server.ThreadedMotoServer`` on 127.0.0.1 (any free port) in
 this process; ``provision(spec)`` creates what the cluster stack creates for one spec:
 
-- a VPC ``127.0.0.0/16`` with one subnet ``127.0.1.0/24``: moto gives instances private IPs
-  127.0.1.4, .5, ... in launch order, real loopback addresses every process can bind;
+- a VPC ``127.0.0.0/16`` with one subnet ``127.0.N.0/24``, N drawn per emulator from 1..254
+  (``subnet_cidr``): moto gives instances private IPs 127.0.N.4, .5, ... in launch order, real
+  loopback addresses every process can bind, and two rehearsals on one machine (the test suite
+  runs several at once) almost never share one: the data servers' gRPC ports, which the
+  servers bind with ``SO_REUSEPORT`` (gRPC's default), would otherwise take each other's
+  connections and Shutdown RPCs;
 - per instance group a launch template (IMDSv2 required, instance metadata tags on) and an Auto
   Scaling group named ``training.common.names.asg_name(cluster, group)`` with MinSize = MaxSize =
   DesiredCapacity = count (an elastic group: MinSize ``min_size``, MaxSize ``max_size``, as the
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import time
 import urllib.request
 from dataclasses import dataclass, replace
@@ -57,7 +62,18 @@ from training.spec import ClusterSpec, Market, PricesSpec
 log = logging.getLogger(__name__)
 
 VPC_CIDR = "127.0.0.0/16"
-SUBNET_CIDR = "127.0.1.0/24"
+SUBNET_OCTETS = range(1, 255)
+"""The third octet of a rehearsal's subnet (127.0.0.0/24 holds 127.0.0.1, where moto listens)."""
+
+
+def subnet_cidr(octet: int | None = None) -> str:
+    """``127.0.<octet>.0/24``; a random octet of ``SUBNET_OCTETS`` when none is given."""
+    chosen = random.choice(SUBNET_OCTETS) if octet is None else octet
+    if chosen not in SUBNET_OCTETS:
+        raise ValueError(f"subnet octet {chosen} is not in 1..254")
+    return f"127.0.{chosen}.0/24"
+
+
 LIFECYCLE_HOOK = "hetero-checkpoint"
 DEFAULT_REGION = "us-east-1"
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -122,8 +138,10 @@ def region_for(spec: ClusterSpec) -> str:
 class AwsEmulator:
     """A moto server plus the clients the rehearsal itself uses (always straight to moto)."""
 
-    def __init__(self, region: str = DEFAULT_REGION) -> None:
+    def __init__(self, region: str = DEFAULT_REGION, *, subnet: str | None = None) -> None:
         self.region = region
+        self.subnet = subnet or subnet_cidr()
+        """The cluster subnet's CIDR: the instances' private IPs (``subnet_cidr``)."""
         self._server: Any = None
         self._clients: dict[str, Any] = {}
         self.endpoint_url = ""
@@ -227,7 +245,7 @@ class AwsEmulator:
         self._answer_spot_prices(spec)
         vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
         subnet = ec2.create_subnet(
-            VpcId=vpc, CidrBlock=SUBNET_CIDR, AvailabilityZone=f"{self.region}a"
+            VpcId=vpc, CidrBlock=self.subnet, AvailabilityZone=f"{self.region}a"
         )["Subnet"]["SubnetId"]
         bucket = f"{spec.name}-checkpoints"
         location = {"LocationConstraint": self.region}
