@@ -21,6 +21,7 @@ from training.launcher.status import JobStatus, collect, decision_text, render, 
 from training.spec import load_spec
 from training.trainer.metrics import EvalResult, EvalScores, Interval, MetricsLogger, RunFacts
 
+REPO = Path(__file__).resolve().parents[2]
 FACTS = RunFacts(
     global_batch=64, world_size=1, cluster_usd_per_hour=18.0, flops_per_sample=None,
     peak_flops_per_rank=None, total_steps=None, accuracy_targets=(0.5, 0.8, 0.95),
@@ -88,6 +89,33 @@ def test_status_shows_it_in_the_host_row(
     render(status)
     [row] = [line for line in capsys.readouterr().out.splitlines() if "i-1" in line]
     assert "step 130, loss 0.5; val top-1 81.2 % at step 120, targets reached 80 %" in row
+
+
+def test_status_shows_the_hosts_taken_out_for_silence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``collect`` reads the job record's evictions (``silent_hosts``); ``render`` names each
+    host, its group, when, who took it out and why."""
+    record = JobRecord(str(tmp_path))
+    record.mark_evicted("i-9", group="trainer", reason="silent: no write for 250 s", by="i-1")
+    spec = load_spec(REPO / "specs" / "rehearsal.toml")
+    status = collect(spec, checkpoint_uri=str(tmp_path), ec2=_Failing(), autoscaling=_Failing())
+    assert set(status.evicted) == {"i-9"} and status.evicted["i-9"]["by"] == "i-1"
+    render(status)
+    out = capsys.readouterr().out
+    assert "taken out of their groups, silent (1):" in out
+    at = time.strftime("%H:%M:%S", time.gmtime(status.evicted["i-9"]["time"]))
+    assert f"i-9 (trainer) at {at}Z by i-1: silent: no write for 250 s" in out
+
+
+class _Failing:
+    """An AWS client whose every call fails (status keeps going: the job record is read)."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(**_: Any) -> Any:
+            raise RuntimeError(f"{name}: unreachable")
+
+        return fail
 
 
 ELASTIC_TOML = """

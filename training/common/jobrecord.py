@@ -15,6 +15,9 @@ Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
 - ``leaving/<instance-id>.json``: a host that got an interruption notice or an Auto Scaling
   termination says so here first, so the others re-form the job without it while it is still
   running (EC2 keeps it ``running`` until the termination).
+- ``evicted/<instance-id>.json``: a host that went silent (its launcher stopped writing
+  ``hosts/``) and the live host that took it out of its group, with the reason
+  (``training.launcher.silent_hosts``).
 - ``hosts/<instance-id>.json``: each host's latest state (``hetero status`` shows them), with
   its census of the cluster's instances under ``instances`` (the bill's seconds).
 - ``autoscale/<milliseconds>-<step>.json``: each decision of the data-tier controller
@@ -157,12 +160,28 @@ class JobRecord:
 
     def replaced(self) -> dict[str, dict[str, Any]]:
         """The instances taken out of service so far, by id (the job's replacement count)."""
+        return self._by_instance("replaced/")
+
+    def _by_instance(self, folder: str) -> dict[str, dict[str, Any]]:
+        """The ``<instance-id>.json`` objects under ``folder``, by id."""
         out: dict[str, dict[str, Any]] = {}
-        for key in self._store.names(PREFIX + "replaced/"):
+        for key in self._store.names(PREFIX + folder):
             name = key[len(PREFIX) :]
             if name.endswith(".json"):
-                out[name[len("replaced/") : -len(".json")]] = self._get_json(name) or {}
+                out[name[len(folder) : -len(".json")]] = self._get_json(name) or {}
         return out
+
+    def mark_evicted(self, instance_id: str, *, group: str | None, reason: str, by: str) -> None:
+        """``by`` took the silent host ``instance_id`` out of its group; one object per instance
+        (two hosts that both act write the same fact)."""
+        self._put_json(
+            f"evicted/{instance_id}.json",
+            {"instance_id": instance_id, "group": group, "reason": reason, "by": by},
+        )
+
+    def evicted(self) -> dict[str, dict[str, Any]]:
+        """The hosts taken out for silence so far, by id."""
+        return self._by_instance("evicted/")
 
     def host(self, instance_id: str) -> dict[str, Any] | None:
         """One host's latest state (None: it wrote none)."""

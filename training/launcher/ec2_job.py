@@ -6,7 +6,8 @@ Each pass:
 1. If the job record says the job is over, stop (a replacement that arrives after the end, or a
    host whose peer ended the job, runs nothing).
 2. Trainer hosts agree on a membership (``membership.py``): the first ``count`` usable trainer
-   instances; a host outside it waits on standby. Data servers need no membership.
+   instances (not leaving, not silent: ``silent_hosts``); a host outside it waits on standby.
+   Data servers need no membership.
 3. Run the role under supervision while the Spot watch runs (``spot.py``). An interruption
    notice or an Auto Scaling termination marks this host as leaving in the job record at once,
    then stops the role (the trainer checkpoints at the next step boundary, durably in S3, and
@@ -20,7 +21,8 @@ Each pass:
    - stopped because a peer stopped, or failed while the membership changed (a peer vanished):
      start the next generation at once; this costs no restart;
    - failed otherwise (a crash, peers that never came): count it against the restart budget
-     and retry after an exponential backoff; beyond the budget, end the job as failed.
+     (``restart_budget``: failures since the job's last new checkpoint) and retry after an
+     exponential backoff; beyond the budget, end the job as failed.
 
 5. After a host ended the job (its group, like every group, scaled to zero), and with a
    termination hook (``HETERO_LIFECYCLE_HOOK``, the trainer group): wait, bounded, until Auto
@@ -50,6 +52,7 @@ from training.common.jobparam import JobWatch
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_LIFECYCLE_HOOK
 from training.common.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, Outcome
+from training.common.s3 import is_s3_uri
 from training.launcher import backstop, job_end, roles
 from training.launcher.budget import Budget, JobClock
 from training.launcher.deploy_prices import deploy_job_prices
@@ -66,10 +69,12 @@ from training.launcher.membership import (
 )
 from training.launcher.peers import Peers
 from training.launcher.rank_signals import Signals
+from training.launcher.restart_budget import RestartBudget
 from training.launcher.spot import ASG_TERMINATION, TARGET_LIFECYCLE_PATH
 from training.launcher.supervised import run_role
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
 from training.spec import ClusterSpec, Role
+from training.trainer.checkpoint_s3 import S3CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +124,7 @@ class Ec2Job:
         """Reads the job pointer (None: no pointer, the job never changes under this host)."""
         self.hook = environ.get(ENV_LIFECYCLE_HOOK, "").strip()
         self.signals = Signals()
-        self.failures = 0
+        self.restarts = RestartBudget(settings.restart_budget)
         self.generation = 0
         self.host = HostRecord(
             record,
@@ -149,6 +154,7 @@ class Ec2Job:
             group=self.group,
             cluster=cluster,
             ec2=ec2,
+            autoscaling=autoscaling,
             settings=settings,
             run_dir=run_dir,
             clock=self.clock,
@@ -156,9 +162,14 @@ class Ec2Job:
         )
         self.current_membership = partial(
             current_membership, ec2, autoscaling, cluster=cluster, group=self.group.name,
-            count=self.group.count, leaving=self.host.leaving, observe=self.host.census.observe,
+            count=self.group.count, leaving=self._gone, observe=self.host.census.observe,
         )  # fmt: skip
         """The trainer group's usable instances now (``membership.current_membership``)."""
+
+    @property
+    def failures(self) -> int:
+        """Failures counted against the restart budget (since the job's last progress)."""
+        return self.restarts.failures
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -257,6 +268,10 @@ class Ec2Job:
             ),
         )
 
+    def _gone(self) -> set[str]:
+        """Hosts that are not to be members: leaving (a notice), or silent (``silent_hosts``)."""
+        return self.host.leaving() | self.watches.silent.silent_ids()
+
     def _membership_changed(self, membership: Membership) -> bool:
         try:
             return self.current_membership().members != membership.members
@@ -329,11 +344,20 @@ class Ec2Job:
 
     def _failed(self, reason: str) -> int | None:
         """Count a failure; the exit code when the budget is spent (the job is then ended),
-        else None after the backoff."""
-        self.failures += 1
+        else None after the backoff. The budget counts failures without progress: a checkpoint
+        completed since the last failure starts it over."""
+        since = self.restarts.count(self._newest_checkpoint())
+        if since is not None:
+            log.info(
+                "checkpoint step %d completed since the last failure (at step %d): the restart "
+                "budget starts over", self.restarts.checkpoint_at_failure, since,
+            )  # fmt: skip
         budget = self.settings.restart_budget
-        if self.failures > budget:
-            msg = f"failed {self.failures} times (restart budget {budget}); last: {reason}"
+        if self.restarts.spent:
+            msg = (
+                f"failed {self.failures} times with no new checkpoint in between (restart "
+                f"budget {budget}); last: {reason}"
+            )
             log.error("%s: ending the job", msg)
             if not self._end(Outcome.FAILED, msg):
                 return self._next_job()
@@ -347,6 +371,17 @@ class Ec2Job:
         while time.monotonic() < deadline and not self.signals.stopping:
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         return None
+
+    def _newest_checkpoint(self) -> int | None:
+        """The job's newest complete checkpoint step beside its record in S3, 0 when it has none
+        yet (None: no record in S3, or S3 could not be read: logged)."""
+        if self.record is None or not is_s3_uri(self.record.location):
+            return None
+        try:
+            return S3CheckpointStore(self.record.location).latest_complete() or 0
+        except Exception as e:
+            log.warning("could not list the job's checkpoints: %s", e)
+            return None
 
     def _end(self, outcome: Outcome, reason: str) -> bool:
         """End the job for everyone; False, doing nothing, when another job was started since:

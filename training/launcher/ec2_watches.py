@@ -10,6 +10,9 @@
   record, then the watches that end the job: failed (``boot_watch``, ``trainer_watch``) or, on a
   data server, stopped by the budget (``tier_budget``); ``last_metrics`` reads the trainer's
   last metrics in its run folder for it.
+- Liveness, for the launcher's whole loop: this host's state written again at each heartbeat
+  (``HostRecord.refresh``, the others' sign that it is alive), then a look for silent hosts,
+  which the live ones take out of their groups (``silent_hosts``).
 - The job's bill (``bill``), made by the host that records the job's outcome.
 """
 
@@ -37,6 +40,7 @@ from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.rank_signals import Signals
+from training.launcher.silent_hosts import SilentHostWatch
 from training.launcher.spot import SpotNotice, SpotWatcher
 from training.launcher.tier_budget import TierBudgetWatch
 from training.launcher.trainer_watch import NoTrainerWatch
@@ -58,6 +62,7 @@ class Ec2Watches:
         group: InstanceGroup,
         cluster: str,
         ec2: Any,
+        autoscaling: Any,
         settings: LoopSettings,
         run_dir: Path,
         clock: JobClock,
@@ -101,6 +106,11 @@ class Ec2Watches:
         """Reads the job pointer (None: no pointer, the job never changes under this host)."""
         self._done = threading.Event()
         self._spot: SpotWatcher | None = None
+        self.silent = SilentHostWatch(
+            host, autoscaling, silent_after_s=settings.silent_after,
+            stagger_s=settings.silent_after / 2,
+        )  # fmt: skip
+        """The cluster's silent hosts (``silent_hosts``), looked for at each liveness beat."""
 
     def start(self, imds: ImdsClient, settings: LoopSettings, job_watch: JobWatch | None) -> None:
         """The Spot watch and the checkpoint requests; with ``job_watch``, a read of the job
@@ -120,6 +130,10 @@ class Ec2Watches:
         if job_watch is not None:
             threading.Thread(
                 target=self._watch_job, args=(settings.job_poll_s,), name="job-watch", daemon=True
+            ).start()
+        if self.host.record is not None:
+            threading.Thread(
+                target=self._live, args=(settings.heartbeat_s,), name="liveness", daemon=True
             ).start()
 
     def stop(self) -> None:
@@ -171,6 +185,17 @@ class Ec2Watches:
             if self.new_job_started():
                 self.signals.stop(signal.SIGTERM, self.superseded_reason())
                 return
+
+    def _live(self, every_s: float) -> None:
+        """While the loop runs: this host's state again when its last write is a heartbeat old,
+        then, while the job is not over, the silent hosts (taken out when due)."""
+        while not self._done.wait(every_s):
+            self.host.refresh(every_s)
+            if self.host.outcome() is not None:
+                continue  # the job is over: its end takes every instance away
+            running = self.look()
+            if running is not None:
+                self.silent.check(running)
 
     @contextlib.contextmanager
     def heartbeat(self, every_s: float, members: list[str] | None) -> Iterator[None]:

@@ -5,6 +5,8 @@ loop: none is fatal (a failure is logged; EC2's own view still applies), and wit
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,6 +39,12 @@ class HostRecord:
         """What this host saw of the cluster's instances (``bill.Census``), written with its
         state; a launcher that Docker restarted takes up what it wrote before."""
         self._restored = False
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] = {}
+        self._written: float | None = None
+        self.writing_since: float | None = None
+        """Since when every write of this host's state has succeeded (None: the last failed, or
+        none was made): only a host that has been writing judges others silent."""
 
     def outcome(self) -> dict[str, Any] | None:
         if self.record is None:
@@ -65,8 +73,24 @@ class HostRecord:
             log.error("could not mark this host as leaving in the job record: %s", e)
 
     def set(self, **state: Any) -> None:
+        """Write this host's state (with the time: the others' sign that it is alive)."""
         if self.record is None:
             return
+        with self._lock:
+            self._state = dict(state)
+            self._write()
+
+    def refresh(self, every_s: float) -> None:
+        """Write the last state again when the last write is ``every_s`` old: the liveness
+        beat, whatever the loop is doing."""
+        if self.record is None:
+            return
+        with self._lock:
+            if self._written is None or time.monotonic() - self._written >= every_s:
+                self._write()
+
+    def _write(self) -> None:
+        assert self.record is not None
         try:
             if not self._restored:
                 self.census.load((self.record.host(self.instance_id) or {}).get("instances"))
@@ -76,8 +100,13 @@ class HostRecord:
                 group=self.group,
                 address=self.address,
                 **self.counters(),
-                **state,
+                **self._state,
                 instances=self.census.to_json(),
             )
         except Exception as e:  # Status only: never fatal.
+            self.writing_since = None
             log.warning("could not update the job record: %s", e)
+            return
+        self._written = time.monotonic()
+        if self.writing_since is None:
+            self.writing_since = time.time()

@@ -154,6 +154,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its checks for failed boots (and, on a data server, for live trainers)",
     )
     parser.add_argument(
+        "--silent-after",
+        type=float,
+        default=None,
+        help="EC2: seconds without a host's write to the job record after which a live host "
+        "takes it out of its group (SetInstanceHealth Unhealthy) and trainers re-form without "
+        "it (default: eight heartbeats)",
+    )
+    parser.add_argument(
         "--restart-backoff",
         type=float,
         default=10.0,

@@ -11,6 +11,12 @@ from training.launcher.backstop import MIN_LEAD_S
 from training.launcher.early_exit import REPLACEMENT_BUDGET
 from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
 
+SILENT_HEARTBEATS = 8
+"""Heartbeats without a write to the job record after which a host counts as silent: every
+launcher writes at each heartbeat from a thread of its own, whatever its loop is doing (a
+checkpoint upload, a generation's start), so only a launcher that is gone or frozen misses
+eight in a row."""
+
 
 @dataclass(frozen=True)
 class LoopSettings:
@@ -46,10 +52,20 @@ class LoopSettings:
     backstop_after_s: float | None = None
     """How long after the budget's deadline its scheduled action runs (``backstop``); None:
     ``backstop_after``'s default, after every launcher's own end of the job."""
+    silent_after_s: float | None = None
+    """A host whose launcher has not written to the job record for this long is silent and is
+    taken out of its group (``silent_hosts``); None: ``SILENT_HEARTBEATS`` heartbeats."""
     lifecycle_wait_s: float = 120.0
     """After this host ended the job (groups at zero): how long it waits for its own instance to
     reach Terminating:Wait, to complete the termination hook (``job_end.complete_own_termination``;
     polled every ``spot_poll_s``). The hook's heartbeat timeout (300 s) ends any wait left."""
+
+    @property
+    def silent_after(self) -> float:
+        """``silent_after_s``, else ``SILENT_HEARTBEATS`` heartbeats (240 s at the default 30 s)."""
+        if self.silent_after_s is not None:
+            return self.silent_after_s
+        return SILENT_HEARTBEATS * self.heartbeat_s
 
     @property
     def trainer_alive_s(self) -> float:
@@ -88,4 +104,5 @@ def default_settings(args: Any) -> LoopSettings:
         replacement_budget=args.replacement_budget,
         backstop_lead_s=args.backstop_lead,
         backstop_after_s=args.backstop_after,
+        silent_after_s=args.silent_after,
     )

@@ -69,6 +69,9 @@ class JobStatus:
     far, from the job record and the instances running now."""
     bill_recorded: bool = False
     """``bill`` is the one the job's end recorded (else made now from the job record)."""
+    evicted: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Hosts taken out of their groups for silence (``silent_hosts``), by id: ``group``,
+    ``reason``, ``by``, ``time``."""
     decisions: list[dict[str, Any]] = field(default_factory=list)
     """The data-tier controller's newest decisions, oldest first (``JobRecord.decisions``):
     ``time``, ``step``, ``from_count``, ``to_count``, ``reason``, ``acted``..."""
@@ -146,6 +149,7 @@ def collect(
             record = JobRecord(checkpoint_uri, s3_client=s3)
             status.outcome = record.outcome()
             status.hosts = record.hosts()
+            status.evicted = record.evicted()
             if not (status.job or {}).get("prices"):  # a deploy's job: its first host's
                 status.recorded_prices = recorded_prices(record)
             status.budget = budget_line(spec, status, record)
@@ -283,10 +287,27 @@ def render(status: JobStatus) -> None:
             str(inst["az"]), str(inst["address"]), str(host.get("state", "-")), shown or "-",
         )  # fmt: skip
     console.print(instances)
+    for line in evicted_text(status.evicted):
+        console.print(line, markup=False, highlight=False)
     console.print(f"newest complete checkpoint: {status.newest_checkpoint or 'none'}")
     console.print(f"model (model.safetensors + config.json): {status.model or 'not yet'}")
     for e in status.errors:
         console.print(f"[red]could not read[/] {e}")
+
+
+def evicted_text(evicted: dict[str, dict[str, Any]]) -> list[str]:
+    """The hosts taken out for silence, oldest first: who, when, by whom, why."""
+    if not evicted:
+        return []
+    lines = [f"taken out of their groups, silent ({len(evicted)}):"]
+    for instance_id, e in sorted(evicted.items(), key=lambda kv: kv[1].get("time") or 0):
+        when = e.get("time")
+        at = time.strftime("%H:%M:%S", time.gmtime(when)) + "Z" if when else "?"
+        lines.append(
+            f"  {instance_id} ({e.get('group') or '?'}) at {at} by {e.get('by') or '?'}: "
+            f"{e.get('reason') or '?'}"
+        )
+    return lines
 
 
 def prices_text(job: dict[str, Any], in_record: tuple[GroupPrice, ...] | None = None) -> list[str]:
