@@ -47,15 +47,20 @@ _FAULT_HELP = {
     FaultKind.KILL: "SIGKILL the instance's processes and terminate it (hard loss)",
     FaultKind.CRASH: "SIGKILL the trainer worker on the instance every time it runs from then "
     "on (exhausts the restart budget)",
+    FaultKind.KILL_TRAINER: "SIGKILL the trainer worker on the instance once (a crashed rank: "
+    "the generation restarts from the newest checkpoint)",
     FaultKind.KILL_IN_SAVE: "from STEP on, watch a trainer instance's checkpoint staging "
     "folder and, as soon as a checkpoint write is in progress there (step-N.partial), SIGKILL "
     f"its processes and terminate it (a hard loss mid-save; skipped when no write starts within "
     f"{SAVE_WATCH_S:g} s)",
+    FaultKind.HANG: "SIGSTOP every process of the instance and leave it running (a frozen host: "
+    "silent in the job record, a live host takes it out of its group)",
     FaultKind.CAPACITY_GONE: "SIGKILL the instance's processes and terminate it, and its group "
     "finds no capacity until the job ends (no replacement)",
     FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",
     FaultKind.KILL_LAUNCHER: "SIGKILL the instance's processes and leave it running (a launcher "
-    "gone for good: only the budget's scheduled action stops the instance)",
+    "gone for good: silent in the job record, a live host takes it out of its group; with none "
+    "left, only the budget's scheduled action stops the instance)",
 }
 _LAUNCH_FAULT_HELP = {
     FaultKind.BOOT_FAIL: "the instance's boot gives up: no launcher starts, the OS shuts it down "

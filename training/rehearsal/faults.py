@@ -46,6 +46,9 @@ class FaultKind(StrEnum):
     """SIGKILL the instance's whole process tree and terminate it (a hard loss)."""
     CRASH = "crash"
     """SIGKILL the trainer worker on the instance every time it runs, from STEP on."""
+    KILL_TRAINER = "kill-trainer"
+    """SIGKILL the trainer worker on the instance once, at STEP (a rank that crashes now and
+    then: the launcher restarts the generation from the newest checkpoint)."""
     KILL_IN_SAVE = "kill-in-save"
     """From STEP on, watch a trainer instance's checkpoint staging folder; as soon as a write is
     in progress there (a ``step-N.partial`` folder), SIGKILL its whole process tree and
@@ -53,6 +56,9 @@ class FaultKind(StrEnum):
     KILL_LAUNCHER = "kill-launcher"
     """SIGKILL the instance's whole process tree and leave the instance running: its launcher
     gone for good (Docker's restarts spent, a hung host), so nothing on it ends the job."""
+    HANG = "hang"
+    """SIGSTOP every process of the instance and leave it running: a frozen host (a wedged
+    driver, a host that stopped scheduling), silent in the job record while EC2 lists it."""
     CAPACITY_GONE = "capacity-gone"
     """SIGKILL the instance's whole process tree and terminate it, and from then until the job
     ends its group finds no capacity (its launches fail, as with ``InsufficientInstanceCapacity``

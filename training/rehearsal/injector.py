@@ -21,8 +21,14 @@
   rehearsal before it continues a stopped job, and at the end).
 - ``kill-data-server``: SIGKILL the ``hetero serve`` tree of a dataprep instance, then
   TerminateInstances.
+- ``kill-trainer``: SIGKILL the instance's trainer workers once (a crashed rank: the launchers
+  restart the generation; the restart budget starts over after each new checkpoint).
 - ``kill-launcher``: SIGKILL the whole process tree and leave the instance running (a launcher
-  gone for good); only the budget's scheduled action (``launcher/backstop.py``) ends it.
+  gone for good): a live host takes it out of its group once it is silent in the job record
+  (``launcher/silent_hosts.py``); with no live host left, only the budget's scheduled action
+  (``launcher/backstop.py``) ends it.
+- ``hang``: SIGSTOP the whole process tree and leave the instance running (a frozen host):
+  silent, as above.
 - ``s3-outage``: the S3 proxy resets every connection for the outage's seconds.
 
 An instance fault names the INDEX-th instance of its group in launch order; it waits (pending)
@@ -63,6 +69,8 @@ log = logging.getLogger(__name__)
 REBALANCE_DELAY_S = 3.0
 """Seconds between the replacement's launch and the at-risk instance's move to Terminated."""
 MAX_CRASH_KILLS = 50
+KILL_TRAINER_WAIT_S = 60.0
+"""``kill-trainer``: how long it waits for a trainer worker to run on the instance."""
 SAVE_WATCH_S = 120.0
 """kill-in-save: how long to wait for a checkpoint write to start before giving up."""
 SAVE_POLL_S = 0.025
@@ -283,9 +291,11 @@ class FaultInjector(threading.Thread):
             FaultKind.KILL: self._kill,
             FaultKind.KILL_IN_SAVE: self._kill_in_save,
             FaultKind.CRASH: self._crash,
+            FaultKind.KILL_TRAINER: self._kill_trainer,
             FaultKind.CAPACITY_GONE: self._capacity_gone,
             FaultKind.KILL_DATA_SERVER: self._kill_data_server,
             FaultKind.KILL_LAUNCHER: self._kill_launcher,
+            FaultKind.HANG: self._hang,
             FaultKind.S3_OUTAGE: self._s3_outage,
         }[f.kind]
         t = threading.Thread(
@@ -403,6 +413,12 @@ class FaultInjector(threading.Thread):
         self._say(rec, run, f"SIGKILL {len(pids)} process(es) at step {rec.step_at_fire}; the "
                   "instance runs on")  # fmt: skip
 
+    def _hang(self, rec: FaultRecord, run: InstanceRun | None) -> None:
+        assert run is not None
+        self.simulator.freeze_tree(run)
+        self._say(rec, run, f"SIGSTOP every process at step {rec.step_at_fire}; the instance runs "
+                  "on, frozen")  # fmt: skip
+
     def _kill_in_save(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None
         if run.tmpdir is None:
@@ -474,6 +490,17 @@ class FaultInjector(threading.Thread):
         pids = self.simulator.kill_matching(run, is_data_server)
         self._say(rec, run, f"SIGKILL data server tree {pids} at step {rec.step_at_fire}")
         self._terminate(rec, run)
+
+    def _kill_trainer(self, rec: FaultRecord, run: InstanceRun | None) -> None:
+        """SIGKILL the instance's trainer workers once (waiting, bounded, for one to run)."""
+        assert run is not None
+        deadline = time.monotonic() + KILL_TRAINER_WAIT_S
+        while True:
+            pids = self.simulator.kill_matching(run, is_trainer_worker)
+            if pids or run.terminated or time.monotonic() > deadline or not self._wait(0.1):
+                break
+        rec.kills = len(pids)
+        self._say(rec, run, f"SIGKILL trainer worker(s) {pids} at step {rec.step_at_fire}")
 
     def _crash(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None

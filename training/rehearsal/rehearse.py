@@ -76,6 +76,8 @@ _INSTANCE_LOSS = (
     FaultKind.KILL,
     FaultKind.KILL_IN_SAVE,
     FaultKind.KILL_DATA_SERVER,
+    FaultKind.KILL_LAUNCHER,
+    FaultKind.HANG,
 )
 
 
@@ -267,6 +269,9 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["outcome"] = record.get("outcome", "unknown") if record else NO_OUTCOME
         facts["job_record"] = record
         facts["replaced_in_record"] = replaced_instances(aws, names)
+        facts["evicted_in_record"] = JobRecord(
+            names.checkpoint_uri, s3_client=aws.client("s3")
+        ).evicted()
         decisions = JobRecord(names.checkpoint_uri, s3_client=aws.client("s3")).decisions(
             limit=MAX_DECISIONS
         )

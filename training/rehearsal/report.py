@@ -13,7 +13,8 @@ Invariants, each ``{"ok": bool, "detail": str}`` in ``rehearsal.json``:
   step count), ``samples_exactly_once`` (no sample lost or repeated in any epoch, no step
   missing), ``steps_lost_bounded`` (steps redone after rollbacks at most ``expect.steps-lost-max``,
   by default one checkpoint interval per trainer instance lost: a notice is answered with a
-  checkpoint, a hard loss costs at most the steps since the last one) and, when there is a
+  checkpoint, a hard loss, a launcher gone or a frozen host costs at most the steps since the
+  last one) and, when there is a
   baseline, ``params_equal`` (bitwise-equal final parameters);
 - with an elastic dataprep group (``data_tier``, ``training.rehearsal.datatier``):
   ``data_tier_consistent``, every desired capacity the group had before the job's end was one
@@ -38,7 +39,15 @@ from training.rehearsal import bill_check
 from training.rehearsal.faults import FaultKind, Scenario
 from training.spec import ClusterSpec
 
-_TRAINER_LOSS = (FaultKind.INTERRUPT, FaultKind.REBALANCE, FaultKind.KILL, FaultKind.KILL_IN_SAVE)
+_TRAINER_LOSS = (
+    FaultKind.INTERRUPT,
+    FaultKind.REBALANCE,
+    FaultKind.KILL,
+    FaultKind.KILL_IN_SAVE,
+    FaultKind.KILL_TRAINER,
+    FaultKind.KILL_LAUNCHER,
+    FaultKind.HANG,
+)
 
 
 def steps_lost_bound(spec: ClusterSpec, scenario: Scenario) -> int:

@@ -1,0 +1,95 @@
+"""Issue 40: hosts that EC2 still lists as running but that have stopped working. A launcher
+killed for good (`--kill-launcher`: its container gone after Docker's last restart) and a frozen
+host (`--hang`: every process SIGSTOPped) go silent in the job record; a live host takes each out
+of its group (SetInstanceHealth Unhealthy, recorded in the job record with the reason), its group
+replaces it, the trainers re-form without waiting out a rendezvous, and the job finishes with
+every sample once and the weights bit-equal to the uninterrupted run. Before, the first scenario
+ended the whole job `failed` after three rendezvous timeouts (218 s)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cli_run import (
+    TIMEOUT_S,
+    assert_clean_end,
+    assert_exactly_once_and_equal,
+    context,
+    rehearse,
+)
+
+pytestmark = pytest.mark.aws_calls
+SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+def evicted(report: dict[str, Any], fault: str) -> dict[str, Any]:
+    """The job record's eviction of the instance ``fault`` hit (the instance must have one)."""
+    instance = next(f["instance"] for f in report["faults"] if f["fault"] == fault)
+    found = report["evicted_in_record"].get(instance)
+    assert found is not None, (fault, report["evicted_in_record"])
+    return dict(found)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 200)
+def test_launchers_gone_for_good_are_taken_out_and_the_job_finishes(
+    baseline: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "rehearsal"
+    trainer, data = "kill-launcher trainer:1@4", "kill-launcher dataprep:0@4"
+    proc, report = rehearse(
+        out, "--baseline", str(baseline), "--kill-launcher", "trainer:1@4",
+        "--kill-launcher", "dataprep:0@4",
+    )  # fmt: skip
+    assert_clean_end(proc, report)
+    assert proc.returncode == 0, context(proc)
+    assert_exactly_once_and_equal(report)
+    assert sorted(r["group"] for r in report["replacements"]) == ["dataprep", "trainer"]
+    for fault in (trainer, data):
+        record = evicted(report, fault)
+        assert record["reason"].startswith("silent: no write to the job record for "), record
+        assert record["by"] in {i["instance"] for i in report["instances"]}
+        assert record["by"] != record["instance_id"]
+    assert evicted(report, data)["group"] == "dataprep"
+    # Nothing else was taken out: the live hosts stayed live.
+    assert len(report["evicted_in_record"]) == 2, report["evicted_in_record"]
+    # The trainer generation that lost its peer failed once; no rendezvous timeout was waited.
+    assert report["wall_seconds"] < 150, report["wall_seconds"]
+
+
+@pytest.mark.timeout(TIMEOUT_S + 200)
+def test_a_frozen_rendezvous_host_is_taken_out_and_the_job_finishes(
+    baseline: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "rehearsal"
+    scenario = SCENARIOS / "frozen-host.toml"
+    proc, report = rehearse(out, "--baseline", str(baseline), "--scenario", str(scenario))
+    assert_clean_end(proc, report)
+    assert proc.returncode == 0, context(proc)
+    assert_exactly_once_and_equal(report)
+    assert [r["group"] for r in report["replacements"]] == ["trainer"]
+    record = evicted(report, "hang trainer:0@6")
+    assert record["group"] == "trainer" and record["reason"].startswith("silent: ")
+    assert len(report["evicted_in_record"]) == 1, report["evicted_in_record"]
+
+
+@pytest.mark.timeout(TIMEOUT_S + 200)
+def test_five_crashes_with_checkpoints_between_them_do_not_end_the_job(
+    baseline: Path, tmp_path: Path
+) -> None:
+    """A trainer rank killed five times, alternately on each host, a checkpoint (every 4 steps)
+    completed between each two: the restart budget (3) counts failures since the last new
+    checkpoint, so it starts over instead of ending the job `failed` at the fourth."""
+    out = tmp_path / "rehearsal"
+    scenario = SCENARIOS / "transient-crashes.toml"
+    proc, report = rehearse(out, "--baseline", str(baseline), "--scenario", str(scenario))
+    assert_clean_end(proc, report)
+    assert proc.returncode == 0, context(proc)
+    assert_exactly_once_and_equal(report)
+    assert [f["state"] for f in report["faults"]] == ["done"] * 5, report["faults"]
+    assert report["replacements"] == [] and report["evicted_in_record"] == {}
+    logs = "\n".join(p.read_text() for p in (out / "instances").glob("*/launcher.log"))
+    assert logs.count("the restart budget starts over") >= 3, logs[-4000:]
+    assert "restart budget 3); last:" not in logs  # never spent
