@@ -5,8 +5,6 @@ the start, any a killed earlier run left)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -16,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from training.rehearsal.containers import IMAGE_REPOSITORY, ROLE_TAGS, remove_labelled
+from training.rehearsal.containers import (
+    IMAGE_REPOSITORY,
+    LABEL,
+    ROLE_TAGS,
+    ImageMissing,
+    check_images,
+    docker_client,
+    remove_labelled,
+)
 
 TEST_LABEL = "hetero.image-test"
 TRAINER_IMAGE = f"{IMAGE_REPOSITORY}:{ROLE_TAGS['trainer']}"
@@ -28,40 +34,26 @@ _WHY = (
 )
 
 
-def _docker() -> str:
-    chosen = os.environ.get("HETERO_DOCKER") or shutil.which("docker")
-    if not chosen:
-        pytest.fail(f"no docker client on this machine: {_WHY}")
-    return chosen
-
-
 @pytest.fixture(scope="session")
 def docker() -> Iterator[str]:
-    """The Docker client, with a daemon that answers; containers of killed runs removed."""
-    client = _docker()
+    """The Docker client, with a daemon that answers and both images; the containers of killed
+    runs removed."""
+    try:
+        client = docker_client()
+    except ImageMissing as e:
+        pytest.fail(f"{e}: {_WHY}")
     info = subprocess.run([client, "info"], capture_output=True, text=True, timeout=60)
     if info.returncode != 0:
         pytest.fail(f"Docker does not answer ({info.stderr.strip()[-300:]}): {_WHY}")
-    _remove(client, TEST_LABEL)
-    remove_labelled(client)
-    for image in (TRAINER_IMAGE, DATA_SERVER_IMAGE):
-        found = subprocess.run([client, "image", "inspect", image], capture_output=True)
-        if found.returncode != 0:
-            pytest.fail(f"no image {image}: build it with `make images` ({_WHY})")
+    for label in (TEST_LABEL, LABEL):
+        remove_labelled(client, label=label)
+    try:
+        check_images(client, IMAGE_REPOSITORY)
+    except ImageMissing as e:
+        pytest.fail(f"{e} ({_WHY})")
     yield client
-    _remove(client, TEST_LABEL)
-    remove_labelled(client)
-
-
-def _remove(client: str, label: str) -> None:
-    ids = subprocess.run(
-        [client, "ps", "--all", "--quiet", "--filter", f"label={label}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.split()
-    if ids:
-        subprocess.run([client, "rm", "--force", *ids], capture_output=True, timeout=120)
+    for label in (TEST_LABEL, LABEL):
+        remove_labelled(client, label=label)
 
 
 @dataclass

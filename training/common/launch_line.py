@@ -3,7 +3,8 @@ data (``infra/instance_group.py``, which writes this line into every launch temp
 image (``containers/Dockerfile``). ``hetero rehearse --image`` runs the same line, with the parts
 only an EC2 host has stood in for (``training.rehearsal.containers``).
 
-The line is shell: it reads the variables the user data's earlier steps set (``LINE_VARIABLES``).
+The line is shell: it reads the variables the user data's earlier steps set: ``HOST_SPEC_DIR``,
+``IMAGE``, ``EFA_DEVICES``, ``INSTANCE_ID`` and, on dataprep groups, ``HOST_SHARD_CACHE``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ host memory at most, a bounded cost next to the instance's GiBs, for room to rid
 throttle instead of dropping lines at once."""
 HOST_SPEC_DIR = str(PurePosixPath(DEPLOYED_SPEC_PATH).parent)
 """Where the user data writes the deployed spec on the host (mounted read-only at the same path)."""
-LINE_VARIABLES = ("HOST_SPEC_DIR", "IMAGE", "EFA_DEVICES", "INSTANCE_ID", "HOST_SHARD_CACHE")
-"""The shell variables the line reads (``HOST_SHARD_CACHE``: dataprep groups only)."""
 
 
 @dataclass(frozen=True)

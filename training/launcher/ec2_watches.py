@@ -106,6 +106,8 @@ class Ec2Watches:
         """Reads the job pointer (None: no pointer, the job never changes under this host)."""
         self._done = threading.Event()
         self._spot: SpotWatcher | None = None
+        self._last_look: tuple[float, Mapping[str, list[dict[str, Any]]]] | None = None
+        """When the last successful ``look`` was made (monotonic), and what it listed."""
         self.silent = SilentHostWatch(
             host, autoscaling, silent_after_s=settings.silent_after,
             stagger_s=settings.silent_after / 2,
@@ -193,7 +195,7 @@ class Ec2Watches:
             self.host.refresh(every_s)
             if self.host.outcome() is not None:
                 continue  # the job is over: its end takes every instance away
-            running = self.look()
+            running = self.look(reuse_s=every_s)
             if running is not None:
                 self.silent.check(running)
 
@@ -227,15 +229,21 @@ class Ec2Watches:
             ):
                 return
 
-    def look(self) -> Mapping[str, list[dict[str, Any]]] | None:
+    def look(self, reuse_s: float = 0.0) -> Mapping[str, list[dict[str, Any]]] | None:
         """List the cluster's running instances into this host's census, now; the listing, or
-        None when EC2 could not be asked (logged: the next look makes up for it)."""
+        None when EC2 could not be asked (logged: the next look makes up for it). ``reuse_s``:
+        a listing that another look made that recently serves instead (the liveness beat and a
+        generation's heartbeat do not both ask EC2 each heartbeat)."""
+        last = self._last_look
+        if last is not None and time.monotonic() - last[0] < reuse_s:
+            return last[1]
         try:
             running = list_cluster_instances(self.ec2, self.cluster)
         except Exception as e:  # botocore's errors: the census waits for the next look
             log.warning("could not list the cluster's instances for the job's bill: %s", e)
             return None
         self.host.census.observe(time.time(), running)
+        self._last_look = (time.monotonic(), running)
         return running
 
     def bill(self) -> dict[str, Any] | None:

@@ -218,10 +218,10 @@ class ContainerLauncher:
             )
 
 
-def remove_labelled(docker: str, run_id: str | None = None) -> list[str]:
-    """Remove every container a rehearsal started (``run_id``: that rehearsal's only); their
-    ids."""
-    label = LABEL if run_id is None else f"{LABEL}={run_id}"
+def remove_labelled(docker: str, run_id: str | None = None, *, label: str = LABEL) -> list[str]:
+    """Remove every container that carries ``label`` (a rehearsal's, by default; ``run_id``:
+    that rehearsal's only); their ids."""
+    label = label if run_id is None else f"{label}={run_id}"
     found = subprocess.run(
         [docker, "ps", "--all", "--quiet", "--filter", f"label={label}"],
         capture_output=True,

@@ -36,7 +36,6 @@ from training.rehearsal.containers import (
     ROLE_TAGS,
     STAND_INS,
     ContainerLauncher,
-    check_images,
     docker_client,
 )
 from training.rehearsal.datatier import DesiredWatch, data_tier_facts
@@ -269,12 +268,9 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["outcome"] = record.get("outcome", "unknown") if record else NO_OUTCOME
         facts["job_record"] = record
         facts["replaced_in_record"] = replaced_instances(aws, names)
-        facts["evicted_in_record"] = JobRecord(
-            names.checkpoint_uri, s3_client=aws.client("s3")
-        ).evicted()
-        decisions = JobRecord(names.checkpoint_uri, s3_client=aws.client("s3")).decisions(
-            limit=MAX_DECISIONS
-        )
+        job_record = JobRecord(names.checkpoint_uri, s3_client=aws.client("s3"))
+        facts["evicted_in_record"] = job_record.evicted()
+        decisions = job_record.decisions(limit=MAX_DECISIONS)
         records = read_sample_logs(sample_dir)
         final = audit.final_step(records)
         facts["final_step"] = final
@@ -316,10 +312,11 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
 def _containers(
     options: RehearsalOptions, names: ClusterNames, run_id: str, out: Path
 ) -> ContainerLauncher | None:
-    """The container launcher of ``--image`` (None without it); raises ImageMissing."""
+    """The container launcher of ``--image`` (None without it; the CLI has checked that its
+    images are here, ``containers.check_images``)."""
     if options.image is None:
         return None
-    containers = ContainerLauncher(
+    return ContainerLauncher(
         docker=docker_client(),
         repository=options.image,
         names=names,
@@ -327,8 +324,6 @@ def _containers(
         run_id=run_id,
         out_dir=out,
     )
-    check_images(containers.docker, containers.repository)
-    return containers
 
 
 def _watch(
