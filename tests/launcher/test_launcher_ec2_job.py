@@ -58,6 +58,18 @@ if mode == "stopped":
     outcome("stopped", "peer"); sys.exit(75)
 if mode == "crash":
     sys.exit(1)
+if mode in ("hang", "freeze"):  # progress as the trainer says it, then none
+    sys.path.insert(0, str(pathlib.Path.cwd()))
+    from training.common.progress import ProgressWriter
+    progress = ProgressWriter(outcome_dir, 0).install_stacks()
+    progress.beat(0, "start")
+    progress.beat(3, "train")
+    def stuck_in_a_collective():
+        if mode == "freeze":
+            import os
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(60)
+    stuck_in_a_collective()
 if mode == "finish-after-usr1":
     deadline = time.monotonic() + 20
     marker = outcome_dir.parent / "proactive-checkpoint"
@@ -157,7 +169,12 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def make_job(
-    cluster: dict[str, Any], tmp_path: Path, imds: FakeImds, plays: list[str], budget: int = 2
+    cluster: dict[str, Any],
+    tmp_path: Path,
+    imds: FakeImds,
+    plays: list[str],
+    budget: int = 2,
+    **settings: Any,
 ) -> tuple[Ec2Job, Path]:
     spec: ClusterSpec = cluster["spec"]
     script, played = tmp_path / "script", tmp_path / "played"
@@ -180,6 +197,7 @@ def make_job(
         restart_budget=budget, restart_backoff_s=0.05, peer_timeout_s=10, poll_s=0.1,
         spot_poll_s=0.1, grace_s=10, imds_url=imds.url, imds_timeout_s=1.0,
         subreaper=False,  # the test process must not adopt other tests' orphans
+        **settings,
     )  # fmt: skip
     job = Ec2Job(
         spec, identity=identity, settings=settings, plan_for=plan_for,
@@ -388,3 +406,71 @@ def test_status_shows_groups_instances_outcome_metrics_and_newest_checkpoint(
         cluster["spec"], checkpoint_uri=URI, ec2=cluster["ec2"], autoscaling=cluster["asg"], s3=s3
     )
     assert done.model == "s3://ckpt/checkpoints/one/model/"
+
+
+HANG_SETTINGS = {"hang_floor_s": 1.0, "stacks_wait_s": 1.0, "heartbeat_s": 0.2}
+"""A second without progress is a hang; a second for the stacks; a look every 0.2 s."""
+
+
+def test_a_hung_generation_leaves_its_stacks_is_killed_and_the_job_goes_on(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    """The rank lives, stuck; its stacks (from faulthandler, inside time.sleep) go to the run
+    folder and the job record, the generation is killed and counted as a failure. Hung twice
+    with ranks that answered: this host waited on something else, it is not taken out."""
+    job, played = make_job(
+        cluster, tmp_path, fake_imds, ["hang", "hang", "finished"], budget=2, **HANG_SETTINGS
+    )
+    started = time.monotonic()
+    assert job.run() == EXIT_FINISHED
+    assert played.read_text() == "hang hang finished"
+    assert job.failures == 2 and job.generation == 3
+    assert time.monotonic() - started < 30
+    iid = cluster["instance_id"]
+    hangs = JobRecord(URI).hangs()
+    assert sorted(hangs) == [f"{iid}-1", f"{iid}-2"]
+    (rank,) = hangs[f"{iid}-1"]["ranks"]
+    assert (rank["rank"], rank["step"], rank["phase"], rank["answered"]) == (0, 3, "train", True)
+    assert "stuck_in_a_collective" in rank["stacks"]
+    assert rank["process"] in ("sleeping", "running")
+    assert hangs[f"{iid}-1"]["reason"].startswith("hung: no training progress for ")
+    report = (tmp_path / "run" / "hangs" / "generation-2.txt").read_text()
+    assert "rank 0 at step 3 (train): stacks written" in report
+    assert "stuck_in_a_collective" in report
+    assert JobRecord(URI).evicted() == {}
+
+
+def test_a_host_frozen_in_two_generations_in_a_row_takes_itself_out(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    """A rank that cannot answer (SIGSTOPped) in two generations in a row: the host marks
+    itself Unhealthy, is recorded as evicted and leaving, then leaves at its termination."""
+    import threading
+
+    job, played = make_job(
+        cluster, tmp_path, fake_imds, ["freeze", "freeze", "finished"], budget=2,
+        **HANG_SETTINGS,
+    )  # fmt: skip
+    fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
+    iid = cluster["instance_id"]
+
+    def terminate_once_taken_out() -> None:
+        deadline = time.monotonic() + 40
+        while iid not in JobRecord(URI).evicted() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fake_imds.set(TARGET_LIFECYCLE_PATH, "Terminated")
+
+    threading.Thread(target=terminate_once_taken_out, daemon=True).start()
+    assert job.run() == EXIT_STOPPED
+    assert played.read_text() == "freeze freeze"
+    record = JobRecord(URI)
+    evicted = record.evicted()[iid]
+    assert evicted["by"] == iid and evicted["group"] == "trainer"
+    assert evicted["reason"].startswith("hung in generations 1 and 2, with rank(s) that did not")
+    assert "rank 0 at step 3 (train): no stacks (process stopped)" in evicted["reason"]
+    assert record.leaving() == {iid}
+    health = cluster["asg"].describe_auto_scaling_instances(InstanceIds=[iid])
+    assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
+    assert job.failures == 1  # the first hang; the second took the host out instead
+    assert cluster["asg"].completed == [{**COMPLETED_OWN_HOOK, "InstanceId": iid}]
+    assert record.outcome() is None

@@ -91,21 +91,29 @@ def test_status_shows_it_in_the_host_row(
     assert "step 130, loss 0.5; val top-1 81.2 % at step 120, targets reached 80 %" in row
 
 
-def test_status_shows_the_hosts_taken_out_for_silence(
+def test_status_shows_the_hosts_taken_out_and_the_hung_generations(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``collect`` reads the job record's evictions (``silent_hosts``); ``render`` names each
-    host, its group, when, who took it out and why."""
+    """``collect`` reads the job record's evictions (``silent_hosts``) and hangs
+    (``hang_watch``); ``render`` names each host, its group, when, who took it out and why, and
+    each hung generation with where its stacks are."""
     record = JobRecord(str(tmp_path))
     record.mark_evicted("i-9", group="trainer", reason="silent: no write for 250 s", by="i-1")
+    hang = {"reason": "hung: no training progress for 912 s (limit 900 s)", "time": 1.8e9}
+    record.mark_hung("i-4", 3, hang)
     spec = load_spec(REPO / "specs" / "rehearsal.toml")
     status = collect(spec, checkpoint_uri=str(tmp_path), ec2=_Failing(), autoscaling=_Failing())
     assert set(status.evicted) == {"i-9"} and status.evicted["i-9"]["by"] == "i-1"
     render(status)
     out = capsys.readouterr().out
-    assert "taken out of their groups, silent (1):" in out
+    assert "taken out of their groups (1):" in out
     at = time.strftime("%H:%M:%S", time.gmtime(status.evicted["i-9"]["time"]))
     assert f"i-9 (trainer) at {at}Z by i-1: silent: no write for 250 s" in out
+    assert set(status.hangs) == {"i-4-3"}
+    assert "hung generations, ended after their stacks were taken (1):" in out
+    at = time.strftime("%H:%M:%S", time.gmtime(1.8e9))
+    assert f"i-4-3 at {at}Z: hung: no training progress for 912 s (limit 900 s)" in out
+    assert f"each rank's stacks: {tmp_path}/job/hangs/<instance-id>-<generation>.json" in out
 
 
 class _Failing:

@@ -76,20 +76,33 @@ def test_a_frozen_rendezvous_host_is_taken_out_and_the_job_finishes(
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)
-def test_five_crashes_with_checkpoints_between_them_do_not_end_the_job(
+def test_five_crashes_and_a_hung_rank_with_checkpoints_between_them_do_not_end_the_job(
     baseline: Path, tmp_path: Path
 ) -> None:
     """A trainer rank killed five times, alternately on each host, a checkpoint (every 4 steps)
     completed between each two: the restart budget (3) counts failures since the last new
-    checkpoint, so it starts over instead of ending the job `failed` at the fourth."""
+    checkpoint, so it starts over instead of ending the job `failed` at the fourth. And at step
+    5 the other host's rank is SIGSTOPped, its launcher left running: its hang watch finds no
+    progress for the hang floor, asks for the rank's stacks (a stopped process cannot answer),
+    records the hang and ends the generation; the job resumes from step 4. Hung once: nobody is
+    taken out."""
     out = tmp_path / "rehearsal"
-    scenario = SCENARIOS / "transient-crashes.toml"
+    scenario = SCENARIOS / "transient-failures.toml"
     proc, report = rehearse(out, "--baseline", str(baseline), "--scenario", str(scenario))
     assert_clean_end(proc, report)
     assert proc.returncode == 0, context(proc)
     assert_exactly_once_and_equal(report)
-    assert [f["state"] for f in report["faults"]] == ["done"] * 5, report["faults"]
+    assert [f["state"] for f in report["faults"]] == ["done"] * 6, report["faults"]
     assert report["replacements"] == [] and report["evicted_in_record"] == {}
     logs = "\n".join(p.read_text() for p in (out / "instances").glob("*/launcher.log"))
     assert logs.count("the restart budget starts over") >= 3, logs[-4000:]
     assert "restart budget 3); last:" not in logs  # never spent
+    hung = next(f["instance"] for f in report["faults"] if f["fault"] == "hang-trainer trainer:1@5")
+    (key,) = report["hangs_in_record"]
+    assert key.startswith(f"{hung}-"), report["hangs_in_record"]
+    hang = report["hangs_in_record"][key]
+    assert hang["reason"].startswith("hung: no training progress for "), hang
+    assert hang["limit_s"] == 30.0 and hang["silent_s"] >= 30.0
+    (rank,) = hang["ranks"]
+    assert (rank["rank"], rank["phase"]) == (1, "train") and 4 <= rank["step"] < 11, rank
+    assert (rank["asked"], rank["answered"], rank["process"]) == (True, False, "stopped"), rank

@@ -15,9 +15,13 @@ Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
 - ``leaving/<instance-id>.json``: a host that got an interruption notice or an Auto Scaling
   termination says so here first, so the others re-form the job without it while it is still
   running (EC2 keeps it ``running`` until the termination).
-- ``evicted/<instance-id>.json``: a host that went silent (its launcher stopped writing
-  ``hosts/``) and the live host that took it out of its group, with the reason
-  (``training.launcher.silent_hosts``).
+- ``evicted/<instance-id>.json``: a host taken out of its group, with the reason and who acted:
+  one that went silent (its launcher stopped writing ``hosts/``), by a live host
+  (``training.launcher.silent_hosts``), or one whose ranks hung in two generations in a row
+  without answering, by itself (``training.launcher.ec2_job``).
+- ``hangs/<instance-id>-<generation>.json``: a trainer host whose ranks made no progress for the
+  hang limit, as its launcher found it (``training.launcher.hang_watch.Hang``: each rank's step,
+  phase, process state and stacks), before it ended that generation.
 - ``hosts/<instance-id>.json``: each host's latest state (``hetero status`` shows them), with
   its census of the cluster's instances under ``instances`` (the bill's seconds).
 - ``autoscale/<milliseconds>-<step>.json``: each decision of the data-tier controller
@@ -172,16 +176,26 @@ class JobRecord:
         return out
 
     def mark_evicted(self, instance_id: str, *, group: str | None, reason: str, by: str) -> None:
-        """``by`` took the silent host ``instance_id`` out of its group; one object per instance
-        (two hosts that both act write the same fact)."""
+        """``by`` took ``instance_id`` out of its group (silent, or hung: ``reason``); one object
+        per instance (two hosts that both act write the same fact)."""
         self._put_json(
             f"evicted/{instance_id}.json",
             {"instance_id": instance_id, "group": group, "reason": reason, "by": by},
         )
 
     def evicted(self) -> dict[str, dict[str, Any]]:
-        """The hosts taken out for silence so far, by id."""
+        """The hosts taken out so far, by id."""
         return self._by_instance("evicted/")
+
+    def mark_hung(self, instance_id: str, generation: int, hang: Mapping[str, Any]) -> None:
+        """This host's ranks hung in its ``generation`` (``hang_watch.Hang.to_json``)."""
+        self._put_json(
+            f"hangs/{instance_id}-{generation}.json", {"instance_id": instance_id, **hang}
+        )
+
+    def hangs(self) -> dict[str, dict[str, Any]]:
+        """Every hang recorded, by ``<instance-id>-<generation>``."""
+        return self._by_instance("hangs/")
 
     def host(self, instance_id: str) -> dict[str, Any] | None:
         """One host's latest state (None: it wrote none)."""

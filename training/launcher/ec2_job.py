@@ -56,8 +56,10 @@ from training.common.s3 import is_s3_uri
 from training.launcher import backstop, job_end, roles
 from training.launcher.budget import Budget, JobClock
 from training.launcher.deploy_prices import deploy_job_prices
+from training.launcher.early_exit import set_unhealthy
 from training.launcher.ec2_watches import Ec2Watches
 from training.launcher.group import GroupIdentity
+from training.launcher.hang_watch import Hang, HangWatch, save_hang
 from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient
 from training.launcher.loop_settings import LoopSettings
@@ -88,6 +90,8 @@ code unless re-executing the launcher failed: then Docker's restart policy start
 class GenerationResult:
     outcome: Outcome
     reason: str
+    hang: Hang | None = None
+    """The generation hung and was killed (``hang_watch``)."""
 
 
 class Ec2Job:
@@ -126,6 +130,8 @@ class Ec2Job:
         self.signals = Signals()
         self.restarts = RestartBudget(settings.restart_budget)
         self.generation = 0
+        self.hung_in: int | None = None
+        """The last generation of this host that hung."""
         self.host = HostRecord(
             record,
             self.instance_id,
@@ -250,6 +256,10 @@ class Ec2Job:
                     self.generation,
                 )
                 continue
+            if result.hang is not None and self._hung_again(result.hang):
+                code = self._take_self_out(result.hang)
+                if code is not None:
+                    return code
             code = self._failed(result.reason)
             if code is not None:
                 return code
@@ -304,9 +314,10 @@ class Ec2Job:
         members = list(membership.ids) if membership else None
         self.host.set(state="running", members=members)
         trainer = plan.role is Role.TRAINER
+        hang = self._hang_watch() if trainer else None
         with (
             Supervisor(grace_s=self.settings.grace_s, subreaper=self.settings.subreaper) as sup,
-            self.watches.heartbeat(self.settings.heartbeat_s, members),
+            self.watches.heartbeat(self.settings.heartbeat_s, members, hang),
             self.signals.attached(sup),
         ):
             ended = run_role(
@@ -326,9 +337,60 @@ class Ec2Job:
             failed, stopped = any(c != 0 for c in codes), self.signals.stopping
             outcome = Outcome.FAILED if failed else Outcome.STOPPED if stopped else Outcome.FINISHED
             reason = f"exit codes {codes}"
+        found = hang.found if hang is not None else None
+        if found is not None:
+            outcome, reason = Outcome.FAILED, found.reason()
+            save_hang(found, self.run_dir, self.record, self.instance_id)
         if self.watches.ended is None:  # else the job's end (``_end``) is this host's last state
             self.host.set(state=f"generation-{outcome.value}", reason=reason)
-        return GenerationResult(outcome, reason)
+        return GenerationResult(outcome, reason, found)
+
+    # -- hangs -------------------------------------------------------------------------------
+
+    def _hang_watch(self) -> HangWatch:
+        s = self.settings
+        return HangWatch(
+            self.outcome_dir, generation=self.generation, after_steps=s.hang_after_steps,
+            floor_s=s.hang_floor_s, stacks_wait_s=s.stacks_wait_s,
+        )  # fmt: skip
+
+    def _hung_again(self, hang: Hang) -> bool:
+        """True when this host hung in its previous generation too and a rank of its own did
+        not answer this time: this host is the one that hangs, not a peer it waited on."""
+        again = self.hung_in == hang.generation - 1
+        self.hung_in = hang.generation
+        return again and bool(hang.frozen)
+
+    def _take_self_out(self, hang: Hang) -> int | None:
+        """Leave the group for a replacement: SetInstanceHealth Unhealthy on this instance,
+        ``evicted/`` and ``leaving/`` in the job record (the others re-form without it at
+        once), then wait for the termination as after a notice. None when Auto Scaling cannot
+        be told: the hang then counts as a failure."""
+        reason = (
+            f"hung in generations {hang.generation - 1} and {hang.generation}, with rank(s) that "
+            f"did not answer ({'; '.join(r.describe() for r in hang.frozen)})"
+        )
+        log.error("%s: taking this host out of its group", reason)
+        if not set_unhealthy(self.autoscaling, self.instance_id):
+            return None
+        if self.record is not None:
+            try:
+                self.record.mark_evicted(
+                    self.instance_id, group=self.group.name, reason=reason, by=self.instance_id
+                )
+            except Exception as e:  # Its group replaces it all the same.
+                log.warning("could not record this host's eviction: %s", e)
+        self.host.mark_leaving(reason)
+        self.host.set(state="taken-out", reason=reason)
+        deadline = time.monotonic() + self.settings.peer_timeout_s
+        while not self.signals.leaving and time.monotonic() < deadline:
+            if self.host.outcome() is not None or self.watches.new_job_started():
+                break
+            time.sleep(self.settings.poll_s)
+        if self.signals.leaving:  # the termination, as Auto Scaling sends it
+            return self._leave()
+        log.error("this host was taken out but not terminated: exiting")
+        return EXIT_FAILED
 
     # -- endings -----------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@
   host's census, ``bill.Census``), this host's state and the trainer's last metrics into the job
   record, then the watches that end the job: failed (``boot_watch``, ``trainer_watch``) or, on a
   data server, stopped by the budget (``tier_budget``); ``last_metrics`` reads the trainer's
-  last metrics in its run folder for it.
+  last metrics in its run folder for it. On a trainer, a generation with no progress for the
+  hang limit is killed once its ranks' stacks are taken (``hang_watch``).
 - Liveness, for the launcher's whole loop: this host's state written again at each heartbeat
   (``HostRecord.refresh``, the others' sign that it is alive), then a look for silent hosts,
   which the live ones take out of their groups (``silent_hosts``).
@@ -36,6 +37,7 @@ from training.common.outcome import Outcome
 from training.launcher.bill import job_bill
 from training.launcher.boot_watch import BootWatch
 from training.launcher.budget import JobClock, parse_started
+from training.launcher.hang_watch import HangWatch
 from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient
 from training.launcher.loop_settings import LoopSettings
@@ -200,25 +202,39 @@ class Ec2Watches:
                 self.silent.check(running)
 
     @contextlib.contextmanager
-    def heartbeat(self, every_s: float, members: list[str] | None) -> Iterator[None]:
-        """While the block runs a generation: its beats, every ``every_s``."""
+    def heartbeat(
+        self, every_s: float, members: list[str] | None, hang: HangWatch | None = None
+    ) -> Iterator[None]:
+        """While the block runs a generation: its beats, every ``every_s``; with ``hang`` (a
+        trainer's generation), a look for a hang at each."""
         done = threading.Event()
         threading.Thread(
-            target=self._beat, args=(done, every_s, members), name="heartbeat", daemon=True
+            target=self._beat, args=(done, every_s, members, hang), name="heartbeat", daemon=True
         ).start()
         try:
             yield
         finally:
             done.set()
 
-    def _beat(self, done: threading.Event, every_s: float, members: list[str] | None) -> None:
+    def _beat(
+        self,
+        done: threading.Event,
+        every_s: float,
+        members: list[str] | None,
+        hang: HangWatch | None,
+    ) -> None:
         """While the role runs: a look at the cluster's instances (the census), this host's
         state and the trainer's last metrics line; a generation whose rendezvous waits for a
-        member that no longer runs is stopped."""
+        member that no longer runs is stopped, and one that hangs is killed once its ranks'
+        stacks are taken (``hang_watch``)."""
         while not done.wait(every_s):
             running = self.look()
             self.host.set(state="running", members=members, metrics=last_metrics(self.run_dir))
             if self.end_if_due():
+                return
+            found = hang.check(self.signals.rank_pids()) if hang is not None else None
+            if found is not None:
+                self.signals.kill_generation(found.reason())
                 return
             # A trainer generation whose rendezvous waits for a member that is gone ends now
             # (not on a failed look: EC2 could not be asked).

@@ -41,6 +41,7 @@ from training.launcher.group import (
     detect_group,
     read_resourceconfig,
 )
+from training.launcher.hang_watch import HANG_AFTER_STEPS, HANG_FLOOR_S
 from training.launcher.imds import (
     DEFAULT_IMDS_URL,
     ENV_IMDS_ENDPOINT,
@@ -160,6 +161,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="EC2: seconds without a host's write to the job record after which a live host "
         "takes it out of its group (SetInstanceHealth Unhealthy) and trainers re-form without "
         "it (default: eight heartbeats)",
+    )
+    parser.add_argument(
+        "--hang-floor",
+        type=float,
+        default=HANG_FLOOR_S,
+        help="EC2, trainers: seconds without progress on any of the host's ranks (a step, an "
+        "evaluation batch) after which the generation is hung: the ranks' stacks are written "
+        "to the run folder and the job record, then it ends; at least --hang-after-steps "
+        "median step times (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hang-after-steps",
+        type=float,
+        default=HANG_AFTER_STEPS,
+        help="EC2, trainers: median step times without progress after which a generation is "
+        "hung, when longer than --hang-floor (default: %(default)s)",
     )
     parser.add_argument(
         "--restart-backoff",

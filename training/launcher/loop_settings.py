@@ -9,6 +9,7 @@ from typing import Any
 from training.common.outcome import ROLE_STOP_GRACE_S
 from training.launcher.backstop import MIN_LEAD_S
 from training.launcher.early_exit import REPLACEMENT_BUDGET
+from training.launcher.hang_watch import HANG_AFTER_STEPS, HANG_FLOOR_S, STACKS_WAIT_S
 from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
 
 SILENT_HEARTBEATS = 8
@@ -55,6 +56,12 @@ class LoopSettings:
     silent_after_s: float | None = None
     """A host whose launcher has not written to the job record for this long is silent and is
     taken out of its group (``silent_hosts``); None: ``SILENT_HEARTBEATS`` heartbeats."""
+    hang_floor_s: float = HANG_FLOOR_S
+    """A trainer generation with no progress on any of this host's ranks for this long (or
+    ``hang_after_steps`` median step times, if longer) is hung (``hang_watch``)."""
+    hang_after_steps: float = HANG_AFTER_STEPS
+    stacks_wait_s: float = STACKS_WAIT_S
+    """How long a hung host's ranks have to write their stacks once asked."""
     lifecycle_wait_s: float = 120.0
     """After this host ended the job (groups at zero): how long it waits for its own instance to
     reach Terminating:Wait, to complete the termination hook (``job_end.complete_own_termination``;
@@ -105,4 +112,6 @@ def default_settings(args: Any) -> LoopSettings:
         backstop_lead_s=args.backstop_lead,
         backstop_after_s=args.backstop_after,
         silent_after_s=args.silent_after,
+        hang_floor_s=args.hang_floor,
+        hang_after_steps=args.hang_after_steps,
     )

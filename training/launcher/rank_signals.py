@@ -89,7 +89,7 @@ class Signals:
             if not self.checkpoint_requests or sup is None:
                 return False
             ranks = [r for c in sup.live() for r in _children(c.pid)]
-            if not ranks or not all(_catches(r, signal.SIGUSR1) for r in ranks):
+            if not ranks or not all(catches(r, signal.SIGUSR1) for r in ranks):
                 return False
             for pid in ranks:
                 with contextlib.suppress(ProcessLookupError):
@@ -97,6 +97,22 @@ class Signals:
             self.checkpoint_requests = 0
         log.info("asked %d rank(s) for a checkpoint", len(ranks))
         return True
+
+    def rank_pids(self) -> list[int]:
+        """The running generation's ranks: the children of its torchrun (none between
+        generations, or before torchrun has started them)."""
+        with self.lock:
+            sup = self.supervisor
+        if sup is None:
+            return []
+        return [r for c in sup.live() if c.stop_workers for r in _children(c.pid)]
+
+    def kill_generation(self, reason: str) -> None:
+        """Kill the running generation's processes at once (``Supervisor.kill_now``)."""
+        with self.lock:
+            sup = self.supervisor
+        if sup is not None:
+            sup.kill_now(reason)
 
     def deliver_pending(self, stop: threading.Event) -> None:
         while not stop.wait(0.5):
@@ -112,7 +128,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _catches(pid: int, sig: int) -> bool:
+def catches(pid: int, sig: int) -> bool:
     """True when process ``pid`` has a handler for ``sig`` (Linux: SigCgt in /proc status)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -70,8 +70,11 @@ class JobStatus:
     bill_recorded: bool = False
     """``bill`` is the one the job's end recorded (else made now from the job record)."""
     evicted: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Hosts taken out of their groups for silence (``silent_hosts``), by id: ``group``,
-    ``reason``, ``by``, ``time``."""
+    """Hosts taken out of their groups (silent: ``silent_hosts``; hung twice: ``ec2_job``), by
+    id: ``group``, ``reason``, ``by``, ``time``."""
+    hangs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Hung trainer generations (``hang_watch``), by ``<instance-id>-<generation>``: ``reason``,
+    ``time``, each rank's stacks under ``ranks``."""
     decisions: list[dict[str, Any]] = field(default_factory=list)
     """The data-tier controller's newest decisions, oldest first (``JobRecord.decisions``):
     ``time``, ``step``, ``from_count``, ``to_count``, ``reason``, ``acted``..."""
@@ -150,6 +153,7 @@ def collect(
             status.outcome = record.outcome()
             status.hosts = record.hosts()
             status.evicted = record.evicted()
+            status.hangs = record.hangs()
             if not (status.job or {}).get("prices"):  # a deploy's job: its first host's
                 status.recorded_prices = recorded_prices(record)
             status.budget = budget_line(spec, status, record)
@@ -251,9 +255,9 @@ def render(status: JobStatus) -> None:
     if status.budget:
         console.print(f"spend {status.budget}", markup=False)
     for line in prices_text(job, status.recorded_prices):
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in bill_text(status):
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     groups = Table("group", "Auto Scaling group", "desired", "min", "max", "in service")
     for g in status.groups:
         cells = {k: str(g[k]) for k in ("group", "asg", "desired", "min", "max", "in_service")}
@@ -287,8 +291,8 @@ def render(status: JobStatus) -> None:
             str(inst["az"]), str(inst["address"]), str(host.get("state", "-")), shown or "-",
         )  # fmt: skip
     console.print(instances)
-    for line in evicted_text(status.evicted):
-        console.print(line, markup=False, highlight=False)
+    for line in [*evicted_text(status.evicted), *hangs_text(status.hangs, status.checkpoint_uri)]:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"newest complete checkpoint: {status.newest_checkpoint or 'none'}")
     console.print(f"model (model.safetensors + config.json): {status.model or 'not yet'}")
     for e in status.errors:
@@ -296,18 +300,34 @@ def render(status: JobStatus) -> None:
 
 
 def evicted_text(evicted: dict[str, dict[str, Any]]) -> list[str]:
-    """The hosts taken out for silence, oldest first: who, when, by whom, why."""
+    """The hosts taken out (silent, or hung twice), oldest first: who, when, by whom, why."""
     if not evicted:
         return []
-    lines = [f"taken out of their groups, silent ({len(evicted)}):"]
+    lines = [f"taken out of their groups ({len(evicted)}):"]
     for instance_id, e in sorted(evicted.items(), key=lambda kv: kv[1].get("time") or 0):
-        when = e.get("time")
-        at = time.strftime("%H:%M:%S", time.gmtime(when)) + "Z" if when else "?"
         lines.append(
-            f"  {instance_id} ({e.get('group') or '?'}) at {at} by {e.get('by') or '?'}: "
-            f"{e.get('reason') or '?'}"
+            f"  {instance_id} ({e.get('group') or '?'}) at {_clock(e.get('time'))} by "
+            f"{e.get('by') or '?'}: {e.get('reason') or '?'}"
         )
     return lines
+
+
+def hangs_text(hangs: dict[str, dict[str, Any]], checkpoint_uri: str | None) -> list[str]:
+    """The hung generations, oldest first: which host and generation, when, why, and where
+    their ranks' stacks are."""
+    if not hangs:
+        return []
+    lines = [f"hung generations, ended after their stacks were taken ({len(hangs)}):"]
+    for key, h in sorted(hangs.items(), key=lambda kv: kv[1].get("time") or 0):
+        lines.append(f"  {key} at {_clock(h.get('time'))}: {h.get('reason') or '?'}")
+    where = f"{checkpoint_uri.rstrip('/')}/job/hangs/" if checkpoint_uri else "job/hangs/"
+    lines.append(f"  each rank's stacks: {where}<instance-id>-<generation>.json")
+    return lines
+
+
+def _clock(when: Any) -> str:
+    """Epoch seconds as ``HH:MM:SSZ`` (``?`` when unknown)."""
+    return time.strftime("%H:%M:%S", time.gmtime(when)) + "Z" if when else "?"
 
 
 def prices_text(job: dict[str, Any], in_record: tuple[GroupPrice, ...] | None = None) -> list[str]:

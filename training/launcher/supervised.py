@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.common.outcome import Outcome, RankOutcome, clear_outcomes, read_host_outcome
+from training.common.progress import clear_progress
 from training.launcher.roles import RoleCommand
 from training.launcher.supervisor import Child, Supervisor
 
@@ -40,10 +41,11 @@ def run_role(
     (``wait``, by default ``Supervisor.run_until_done``) and log each exit, prefixed by
     ``label``. ``trainer_ranks``: the commands are a trainer's with this many ranks per host: the
     stop goes to its ranks (``Child.send_stop``), and their outcome files in ``outcome_dir`` are
-    cleared before the start and read after the end."""
+    cleared before the start and read after the end (their progress files too: cleared)."""
     trainer = trainer_ranks is not None
     if trainer:
         clear_outcomes(outcome_dir)
+        clear_progress(outcome_dir)
     children = [
         sup.start(name, cmd.argv, env={**env, **cmd.env}, stop_workers=trainer)
         for name, cmd in commands

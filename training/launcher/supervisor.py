@@ -190,6 +190,14 @@ class Supervisor:
             self.stop_reason = reason
         self.terminate_once()
 
+    def kill_now(self, reason: str) -> None:
+        """Kill every child at once, no grace: a hung role would never reach the point where
+        it honours SIGTERM."""
+        if self.stop_signal is None:
+            self.stop_signal = signal.SIGKILL
+            self.stop_reason = reason
+        self._kill_now = True
+
     def terminate_once(self) -> None:
         """SIGTERM every live child, once: a second SIGTERM could cut a checkpoint short."""
         if self._terminated_at is None:

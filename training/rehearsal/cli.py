@@ -55,6 +55,9 @@ _FAULT_HELP = {
     f"{SAVE_WATCH_S:g} s)",
     FaultKind.HANG: "SIGSTOP every process of the instance and leave it running (a frozen host: "
     "silent in the job record, a live host takes it out of its group)",
+    FaultKind.HANG_TRAINER: "SIGSTOP the trainer workers of the instance once, the launcher "
+    "left running (ranks stuck: the launcher's hang watch takes their stacks and ends the "
+    "generation)",
     FaultKind.CAPACITY_GONE: "SIGKILL the instance's processes and terminate it, and its group "
     "finds no capacity until the job ends (no replacement)",
     FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",

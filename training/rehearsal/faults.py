@@ -59,6 +59,10 @@ class FaultKind(StrEnum):
     HANG = "hang"
     """SIGSTOP every process of the instance and leave it running: a frozen host (a wedged
     driver, a host that stopped scheduling), silent in the job record while EC2 lists it."""
+    HANG_TRAINER = "hang-trainer"
+    """SIGSTOP the trainer workers of the instance once, at STEP, and nothing else: ranks alive
+    and stuck (a wedged driver, a rank stuck in a collective), while the launcher writes on. Its
+    hang watch takes their stacks and ends the generation (``launcher/hang_watch.py``)."""
     CAPACITY_GONE = "capacity-gone"
     """SIGKILL the instance's whole process tree and terminate it, and from then until the job
     ends its group finds no capacity (its launches fail, as with ``InsufficientInstanceCapacity``
@@ -335,7 +339,8 @@ def check_against_spec(faults: Sequence[Fault], spec: ClusterSpec) -> list[str]:
                 f"{f.describe()}: the spec has no group {f.group!r} (it has {', '.join(groups)})"
             )
             continue
-        if f.kind in (FaultKind.CRASH, FaultKind.KILL_IN_SAVE) and group.role is not Role.TRAINER:
+        trainer_only = (FaultKind.CRASH, FaultKind.KILL_IN_SAVE, FaultKind.HANG_TRAINER)
+        if f.kind in trainer_only and group.role is not Role.TRAINER:
             problems.append(
                 f"{f.describe()}: {f.kind.value} needs a trainer group, {f.group!r} is not"
             )

@@ -29,6 +29,9 @@
   (``launcher/backstop.py``) ends it.
 - ``hang``: SIGSTOP the whole process tree and leave the instance running (a frozen host):
   silent, as above.
+- ``hang-trainer``: SIGSTOP the instance's trainer workers once, the launcher left running (stuck
+  ranks): the launcher's hang watch takes their stacks and ends the generation
+  (``launcher/hang_watch.py``).
 - ``s3-outage``: the S3 proxy resets every connection for the outage's seconds.
 
 An instance fault names the INDEX-th instance of its group in launch order; it waits (pending)
@@ -296,6 +299,7 @@ class FaultInjector(threading.Thread):
             FaultKind.KILL_DATA_SERVER: self._kill_data_server,
             FaultKind.KILL_LAUNCHER: self._kill_launcher,
             FaultKind.HANG: self._hang,
+            FaultKind.HANG_TRAINER: self._hang_trainer,
             FaultKind.S3_OUTAGE: self._s3_outage,
         }[f.kind]
         t = threading.Thread(
@@ -418,6 +422,17 @@ class FaultInjector(threading.Thread):
         self.simulator.freeze_tree(run)
         self._say(rec, run, f"SIGSTOP every process at step {rec.step_at_fire}; the instance runs "
                   "on, frozen")  # fmt: skip
+
+    def _hang_trainer(self, rec: FaultRecord, run: InstanceRun | None) -> None:
+        """SIGSTOP the instance's trainer workers once (waiting, bounded, for one to run)."""
+        assert run is not None
+        deadline = time.monotonic() + KILL_TRAINER_WAIT_S
+        while True:
+            pids = self.simulator.freeze_matching(run, is_trainer_worker)
+            if pids or run.terminated or time.monotonic() > deadline or not self._wait(0.1):
+                break
+        self._say(rec, run, f"SIGSTOP trainer worker(s) {pids} at step {rec.step_at_fire}; its "
+                  "launcher runs on")  # fmt: skip
 
     def _kill_in_save(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None

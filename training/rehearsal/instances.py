@@ -61,6 +61,10 @@ COLLECTIVE_TIMEOUT_S = 20
 SPOT_POLL_S = 0.5
 RESTART_BACKOFF_S = 2.0
 BACKSTOP_LEAD_S = 5.0
+HANG_FLOOR_S = 30.0
+"""``hetero launch --hang-floor`` of every emulated instance: longer than a generation's start
+to its first step on a busy machine and than the rehearsal's collective timeout
+(``COLLECTIVE_TIMEOUT_S``: a peer stuck in a collective fails on its own first)."""
 """``hetero launch --backstop-lead`` of every emulated instance."""
 BACKSTOP_AFTER_S = 60.0
 """``hetero launch --backstop-after`` of every emulated instance (``hetero rehearse
@@ -136,6 +140,9 @@ def launcher_flags(extra: Sequence[str] = ()) -> list[str]:
         str(BACKSTOP_LEAD_S),
         "--backstop-after",
         str(BACKSTOP_AFTER_S),
+        # Thirty seconds without progress is a hang, not fifteen minutes.
+        "--hang-floor",
+        str(HANG_FLOOR_S),
         *extra,
     ]
 
@@ -626,6 +633,20 @@ class GroupSimulator(threading.Thread):
                             targets.setdefault(child.pid, child)
             kill_processes(list(targets.values()))
             return sorted(targets)
+
+    def freeze_matching(
+        self, run: InstanceRun, predicate: Callable[[psutil.Process], bool]
+    ) -> list[int]:
+        """SIGSTOP the processes of ``run`` for which ``predicate`` holds (not their trees: a
+        rank's data loader workers go on, as they would while the rank is stuck)."""
+        with self._lock:
+            frozen = []
+            for proc in run.live_processes():
+                if predicate(proc):
+                    with contextlib.suppress(psutil.Error):
+                        proc.suspend()
+                        frozen.append(proc.pid)
+            return sorted(frozen)
 
     def instance(self, group: str, index: int) -> InstanceRun | None:
         """The ``index``-th instance the group launched (None: not launched yet)."""

@@ -270,6 +270,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         facts["replaced_in_record"] = replaced_instances(aws, names)
         job_record = JobRecord(names.checkpoint_uri, s3_client=aws.client("s3"))
         facts["evicted_in_record"] = job_record.evicted()
+        facts["hangs_in_record"] = job_record.hangs()
         decisions = job_record.decisions(limit=MAX_DECISIONS)
         records = read_sample_logs(sample_dir)
         final = audit.final_step(records)

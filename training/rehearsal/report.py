@@ -45,6 +45,7 @@ _TRAINER_LOSS = (
     FaultKind.KILL,
     FaultKind.KILL_IN_SAVE,
     FaultKind.KILL_TRAINER,
+    FaultKind.HANG_TRAINER,
     FaultKind.KILL_LAUNCHER,
     FaultKind.HANG,
 )

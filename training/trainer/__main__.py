@@ -7,8 +7,9 @@ Builds the configuration once and hands it to one ``Trainer``. Exit codes
 step, to be resumed; 1 any failure (a crash, a lost peer, a last checkpoint that could not be
 saved); 2 a bad spec, flags or environment. With ``--outcome-dir`` each rank also writes
 ``rank-<RANK>.json`` (``training.common.outcome.write_rank_outcome``) before it exits, failures
-included, since torchrun reports every non-zero rank exit as 1. SIGUSR1 asks for a checkpoint
-without stopping (a rebalance recommendation).
+included, since torchrun reports every non-zero rank exit as 1, and keeps ``progress-<RANK>.json``
+there, answering SIGUSR2 with its stacks (``training.common.progress``: the launcher's hang
+watch). SIGUSR1 asks for a checkpoint without stopping (a rebalance recommendation).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from training.common.outcome import (
     RankOutcome,
     write_rank_outcome,
 )
+from training.common.progress import ProgressWriter
 from training.spec import SpecError, load_spec
 from training.trainer.config import ConfigError, TrainerConfig
 
@@ -115,6 +117,18 @@ def _main(argv: Sequence[str] | None) -> int:
         format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s",
     )
     outcome_dir = Path(args.outcome_dir) if args.outcome_dir else None
+    # What the launcher watches for a hang, and the stacks it asks for when it sees one.
+    progress = ProgressWriter(outcome_dir, rank).install_stacks()
+    progress.beat(0, "start")
+    try:
+        return _run(args, rank, outcome_dir, progress)
+    finally:
+        progress.close()
+
+
+def _run(
+    args: argparse.Namespace, rank: int, outcome_dir: Path | None, progress: ProgressWriter
+) -> int:
     try:
         config = TrainerConfig.from_spec(
             load_spec(args.spec),
@@ -137,7 +151,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
     trainer: Trainer | None = None
     try:
-        trainer = Trainer(config)
+        trainer = Trainer(config, progress=progress)
         code = trainer.train()
         assert trainer.outcome is not None
         _write_outcome(outcome_dir, trainer.outcome)

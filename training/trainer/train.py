@@ -17,10 +17,10 @@ import math
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome, RankOutcome
+from training.common.progress import ProgressWriter
 from training.data import Batch
 from training.dataplane.autoscale import Autoscaler, actuator_from_arg, policy_for
 from training.dataplane.client import DataWaitInterrupted
@@ -73,6 +74,7 @@ from training.trainer.signals import StopSignal
 from training.trainer.stream import BatchStream, DataInterrupted, EndOfData, to_device
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,16 @@ class Trainer:
     """Trains ``config``'s model; ``train()`` returns the process exit code of its outcome
     (``self.outcome``): 0 finished, 75 stopped, 1 failed."""
 
-    def __init__(self, config: TrainerConfig, *, stream: BatchStream | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        stream: BatchStream | None = None,
+        progress: ProgressWriter | None = None,
+    ) -> None:
         self.config = config
+        self.progress = progress or ProgressWriter(None, 0)
+        """Where this rank says it made progress (``training.common.progress``)."""
         self.env = DistEnv.from_environ()
         timeouts = config.timeouts
         self.device, self._owns_group = init_distributed(self.env, timeouts.collective_s)
@@ -337,6 +347,7 @@ class Trainer:
         checkpoint and write metrics. Sets ``self.outcome`` and returns its exit code."""
         c = self.config
         self.resume()
+        self.progress.beat(self.step, "resumed")
         job = c.spec.job
         start_step = self.step
         started = time.perf_counter()
@@ -423,6 +434,7 @@ class Trainer:
                 time.sleep(max(0.0, pace - busy))
             self.step += 1
             interval.steps += 1
+            self.progress.beat(self.step, "train")
             if self.ema is not None and not flags.nonfinite:
                 self.ema.update(unwrap(self.model), step=self.step)
             if self.samples is not None:
@@ -444,6 +456,7 @@ class Trainer:
                 interval.started += self._validate(started, eval_excluded)
         if interval.steps:
             self._log(interval, loss_sum, lr)
+        self.progress.beat(self.step, "final-checkpoint")
         final_error = self.policy.finish(self.step, self.model, self.optimizer, self._data())
         self.outcome = self._outcome(stopped_by, final_error)
         exported: str | None = None
@@ -451,6 +464,7 @@ class Trainer:
             if self.validation is not None:
                 self._validate(started, eval_excluded)
             # The model a user loads: model.safetensors + config.json beside the checkpoints.
+            self.progress.beat(self.step, "export")
             ema = self.ema.module if self.ema is not None else None
             try:
                 result = export_trained(
@@ -489,6 +503,7 @@ class Trainer:
             }
         )
         self.summary = summary
+        self.progress.beat(self.step, "done")
         log.info(
             "training %s (%s) at step %d; newest checkpoint: step %s",
             self.outcome.outcome.value, self.outcome.reason, self.step,
@@ -498,6 +513,12 @@ class Trainer:
         finished = self.outcome.outcome is Outcome.FINISHED
         self.stream.close(job_done=finished and self.rank == 0)
         return self.outcome.outcome.exit_code
+
+    def _beating(self, items: Iterable[T], phase: str) -> Iterator[T]:
+        """``items``, with this rank's progress said after each (``phase``)."""
+        for item in items:
+            yield item
+            self.progress.beat(self.step, phase)
 
     def _validate(self, started: float, excluded: list[float]) -> float:
         """Score the raw weights (and the EMA's) on the whole validation set, log it, and
@@ -509,8 +530,9 @@ class Trainer:
 
         def score(model: nn.Module) -> Scores:
             assert self.validation is not None
+            batches = self._beating(self.validation.iter_batches(), "eval")
             return evaluate(
-                model, self.validation.iter_batches(), passes=self.validation.batches_per_rank,
+                model, batches, passes=self.validation.batches_per_rank,
                 normalise=self.normalise, device=self.device, autocast=self.autocast,
                 image_size=size, interrupted_by=(DataWaitInterrupted,),
             )  # fmt: skip
