@@ -156,6 +156,8 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         trainer = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["one-trainer"])
         iid = trainer["AutoScalingGroups"][0]["Instances"][0]["InstanceId"]
         inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+        dataprep = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["one-dataprep"])
+        data_iid = dataprep["AutoScalingGroups"][0]["Instances"][0]["InstanceId"]
         spec_path = tmp_path / "one.toml"
         spec_path.write_text(SPEC)
         yield {
@@ -163,6 +165,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
             "asg": RecordingAutoScaling(asg),
             "names": names,
             "instance_id": iid,
+            "dataprep_instance_id": data_iid,
             "ip": inst["PrivateIpAddress"],
             "spec": load_spec(spec_path),
         }
@@ -474,3 +477,86 @@ def test_a_host_frozen_in_two_generations_in_a_row_takes_itself_out(
     assert job.failures == 1  # the first hang; the second took the host out instead
     assert cluster["asg"].completed == [{**COMPLETED_OWN_HOOK, "InstanceId": iid}]
     assert record.outcome() is None
+
+
+# A data server stand-in: the standard health service, SERVING, then SIGSTOPped by itself (alive,
+# silent), as a wedged `hetero serve`.
+FROZEN_SERVER = r"""
+import os, signal, sys
+from concurrent import futures
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from training.dataplane.server import SERVICE_NAME
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+servicer = health.HealthServicer()
+health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+server.add_insecure_port(sys.argv[1])
+server.start()
+import time
+time.sleep(1.0)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    """Its launcher writes on (not silent), its server does not answer the health check for
+    the silent-host bound: the generation is killed, the host marks itself Unhealthy, is
+    recorded as evicted and leaving, and leaves at its termination."""
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    iid = cluster["dataprep_instance_id"]
+    identity = GroupIdentity(
+        "dataprep", GroupSource.EC2, host="127.0.0.1", instance_id=iid, region=REGION,
+        cluster="one",
+    )  # fmt: skip
+
+    def plan_for(found: Peers, port: int, outcome_dir: str) -> LaunchPlan:
+        argv = (sys.executable, "-c", FROZEN_SERVER, address)
+        return LaunchPlan(
+            backend=Backend.EC2, identity=identity, role=Role.DATAPREP, peers=found,
+            commands=(("data-server-0", RoleCommand(argv, {})),), serves=(address,),
+        )  # fmt: skip
+
+    settings = LoopSettings(
+        restart_budget=2, restart_backoff_s=0.05, peer_timeout_s=20, poll_s=0.1,
+        spot_poll_s=0.1, grace_s=5, imds_url=fake_imds.url, imds_timeout_s=1.0,
+        subreaper=False, heartbeat_s=0.3, silent_after_s=3.0,
+    )  # fmt: skip
+    job = Ec2Job(
+        cluster["spec"], identity=identity, settings=settings, plan_for=plan_for,
+        environ={"HETERO_LIFECYCLE_HOOK": "hetero-checkpoint"}, run_dir=tmp_path / "run",
+        ec2=cluster["ec2"], autoscaling=cluster["asg"], record=JobRecord(URI),
+        asg_names=cluster["names"],
+    )  # fmt: skip
+    fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
+
+    def terminate_once_taken_out() -> None:
+        deadline = time.monotonic() + 40
+        while iid not in JobRecord(URI).evicted() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fake_imds.set(TARGET_LIFECYCLE_PATH, "Terminated")
+
+    threading.Thread(target=terminate_once_taken_out, daemon=True).start()
+    started = time.monotonic()
+    assert job.run() == EXIT_STOPPED
+    assert time.monotonic() - started < 30
+    record = JobRecord(URI)
+    evicted = record.evicted()[iid]
+    assert evicted["by"] == iid and evicted["group"] == "dataprep"
+    assert evicted["reason"].startswith(
+        f"not answering: data server {address} has not answered its health check for "
+    ), evicted
+    assert record.leaving() == {iid}
+    health = cluster["asg"].describe_auto_scaling_instances(InstanceIds=[iid])
+    assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "UNHEALTHY"
+    assert job.generation == 1 and job.failures == 0
+    assert cluster["asg"].completed == [
+        {**COMPLETED_OWN_HOOK, "AutoScalingGroupName": "one-dataprep", "InstanceId": iid}
+    ]

@@ -60,7 +60,7 @@ def test_launchers_gone_for_good_are_taken_out_and_the_job_finishes(
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)
-def test_a_frozen_rendezvous_host_is_taken_out_and_the_job_finishes(
+def test_a_frozen_rendezvous_host_and_a_frozen_data_server_are_taken_out_and_the_job_finishes(
     baseline: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "rehearsal"
@@ -69,10 +69,13 @@ def test_a_frozen_rendezvous_host_is_taken_out_and_the_job_finishes(
     assert_clean_end(proc, report)
     assert proc.returncode == 0, context(proc)
     assert_exactly_once_and_equal(report)
-    assert [r["group"] for r in report["replacements"]] == ["trainer"]
+    assert sorted(r["group"] for r in report["replacements"]) == ["dataprep", "trainer"]
     record = evicted(report, "hang trainer:0@6")
     assert record["group"] == "trainer" and record["reason"].startswith("silent: ")
-    assert len(report["evicted_in_record"]) == 1, report["evicted_in_record"]
+    server = evicted(report, "hang-data-server dataprep:1@14")
+    assert server["group"] == "dataprep" and server["by"] == server["instance_id"], server
+    assert server["reason"].startswith("not answering: data server "), server
+    assert len(report["evicted_in_record"]) == 2, report["evicted_in_record"]
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)

@@ -21,15 +21,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from training.dataplane.discovery import DiscoveryError, ServerDiscovery
-from training.dataplane.server import SERVICE_NAME, channel_options
+from training.dataplane.health import HEALTH_TIMEOUT_S, serving_problem
+from training.dataplane.server import channel_options
 from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-HEALTH_TIMEOUT_S = 2.0
 
 
 class ServerState(StrEnum):
@@ -184,12 +182,8 @@ class ServerPool:
         problem: str | None = None
         info_samples: int | None = None
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=HEALTH_TIMEOUT_S
-            )
-            if reply.status != health_pb2.HealthCheckResponse.SERVING:
-                problem = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-            elif server.state is not ServerState.SERVING:
+            problem = serving_problem(channel)
+            if problem is None and server.state is not ServerState.SERVING:
                 info = dataplane_pb2_grpc.DataPlaneStub(channel).GetInfo(
                     dataplane_pb2.GetInfoRequest(), timeout=HEALTH_TIMEOUT_S
                 )

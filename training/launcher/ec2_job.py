@@ -72,6 +72,7 @@ from training.launcher.membership import (
 from training.launcher.peers import Peers
 from training.launcher.rank_signals import Signals
 from training.launcher.restart_budget import RestartBudget
+from training.launcher.server_watch import ServerWatch
 from training.launcher.spot import ASG_TERMINATION, TARGET_LIFECYCLE_PATH
 from training.launcher.supervised import run_role
 from training.launcher.supervisor import Supervisor, exit_code_for_signal
@@ -92,6 +93,9 @@ class GenerationResult:
     reason: str
     hang: Hang | None = None
     """The generation hung and was killed (``hang_watch``)."""
+    unanswered: str | None = None
+    """A data server of this host did not answer and the generation was killed
+    (``server_watch``): why."""
 
 
 class Ec2Job:
@@ -256,8 +260,11 @@ class Ec2Job:
                     self.generation,
                 )
                 continue
-            if result.hang is not None and self._hung_again(result.hang):
-                code = self._take_self_out(result.hang)
+            taken_out_for = result.unanswered or (
+                self._hung_again(result.hang) if result.hang is not None else None
+            )
+            if taken_out_for is not None:
+                code = self._take_self_out(taken_out_for)
                 if code is not None:
                     return code
             code = self._failed(result.reason)
@@ -316,8 +323,9 @@ class Ec2Job:
         trainer = plan.role is Role.TRAINER
         hang = self._hang_watch() if trainer else None
         with (
+            ServerWatch(plan.serves, bound_s=self.settings.silent_after) as servers,
             Supervisor(grace_s=self.settings.grace_s, subreaper=self.settings.subreaper) as sup,
-            self.watches.heartbeat(self.settings.heartbeat_s, members, hang),
+            self.watches.heartbeat(self.settings.heartbeat_s, members, hang or servers),
             self.signals.attached(sup),
         ):
             ended = run_role(
@@ -341,9 +349,11 @@ class Ec2Job:
         if found is not None:
             outcome, reason = Outcome.FAILED, found.reason()
             save_hang(found, self.run_dir, self.record, self.instance_id)
+        if servers.found is not None:
+            outcome, reason = Outcome.FAILED, servers.found
         if self.watches.ended is None:  # else the job's end (``_end``) is this host's last state
             self.host.set(state=f"generation-{outcome.value}", reason=reason)
-        return GenerationResult(outcome, reason, found)
+        return GenerationResult(outcome, reason, found, servers.found)
 
     # -- hangs -------------------------------------------------------------------------------
 
@@ -354,22 +364,25 @@ class Ec2Job:
             floor_s=s.hang_floor_s, stacks_wait_s=s.stacks_wait_s,
         )  # fmt: skip
 
-    def _hung_again(self, hang: Hang) -> bool:
-        """True when this host hung in its previous generation too and a rank of its own did
-        not answer this time: this host is the one that hangs, not a peer it waited on."""
+    def _hung_again(self, hang: Hang) -> str | None:
+        """Why to take this host out, when it hung in its previous generation too and a rank of
+        its own did not answer this time: this host is the one that hangs, not a peer it waited
+        on. None otherwise."""
         again = self.hung_in == hang.generation - 1
         self.hung_in = hang.generation
-        return again and bool(hang.frozen)
-
-    def _take_self_out(self, hang: Hang) -> int | None:
-        """Leave the group for a replacement: SetInstanceHealth Unhealthy on this instance,
-        ``evicted/`` and ``leaving/`` in the job record (the others re-form without it at
-        once), then wait for the termination as after a notice. None when Auto Scaling cannot
-        be told: the hang then counts as a failure."""
-        reason = (
+        if not (again and hang.frozen):
+            return None
+        return (
             f"hung in generations {hang.generation - 1} and {hang.generation}, with rank(s) that "
             f"did not answer ({'; '.join(r.describe() for r in hang.frozen)})"
         )
+
+    def _take_self_out(self, reason: str) -> int | None:
+        """Leave the group for a replacement (hung twice, or a data server that does not
+        answer): SetInstanceHealth Unhealthy on this instance, ``evicted/`` and ``leaving/`` in
+        the job record (the others re-form without it at once), then wait for the termination
+        as after a notice. None when Auto Scaling cannot be told: the generation's end then
+        counts as a failure."""
         log.error("%s: taking this host out of its group", reason)
         if not set_unhealthy(self.autoscaling, self.instance_id):
             return None

@@ -42,6 +42,7 @@ from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.rank_signals import Signals
+from training.launcher.server_watch import ServerWatch
 from training.launcher.silent_hosts import SilentHostWatch
 from training.launcher.spot import SpotNotice, SpotWatcher
 from training.launcher.tier_budget import TierBudgetWatch
@@ -203,13 +204,13 @@ class Ec2Watches:
 
     @contextlib.contextmanager
     def heartbeat(
-        self, every_s: float, members: list[str] | None, hang: HangWatch | None = None
+        self, every_s: float, members: list[str] | None, watch: HangWatch | ServerWatch | None
     ) -> Iterator[None]:
-        """While the block runs a generation: its beats, every ``every_s``; with ``hang`` (a
-        trainer's generation), a look for a hang at each."""
+        """While the block runs a generation: its beats, every ``every_s``, each with a look at
+        ``watch``: a trainer's hang (``hang_watch``), a data server's health (``server_watch``)."""
         done = threading.Event()
         threading.Thread(
-            target=self._beat, args=(done, every_s, members, hang), name="heartbeat", daemon=True
+            target=self._beat, args=(done, every_s, members, watch), name="heartbeat", daemon=True
         ).start()
         try:
             yield
@@ -221,20 +222,25 @@ class Ec2Watches:
         done: threading.Event,
         every_s: float,
         members: list[str] | None,
-        hang: HangWatch | None,
+        watch: HangWatch | ServerWatch | None,
     ) -> None:
         """While the role runs: a look at the cluster's instances (the census), this host's
         state and the trainer's last metrics line; a generation whose rendezvous waits for a
-        member that no longer runs is stopped, and one that hangs is killed once its ranks'
-        stacks are taken (``hang_watch``)."""
+        member that no longer runs is stopped, and one that hangs (``hang_watch``: once its
+        ranks' stacks are taken) or whose data server does not answer (``server_watch``) is
+        killed."""
         while not done.wait(every_s):
             running = self.look()
             self.host.set(state="running", members=members, metrics=last_metrics(self.run_dir))
             if self.end_if_due():
                 return
-            found = hang.check(self.signals.rank_pids()) if hang is not None else None
-            if found is not None:
-                self.signals.kill_generation(found.reason())
+            if isinstance(watch, HangWatch):
+                found = watch.check(self.signals.rank_pids())
+                reason = found.reason() if found is not None else None
+            else:
+                reason = watch.check() if watch is not None else None
+            if reason is not None:
+                self.signals.kill_generation(reason)
                 return
             # A trainer generation whose rendezvous waits for a member that is gone ends now
             # (not on a failed look: EC2 could not be asked).

@@ -61,6 +61,8 @@ class LaunchPlan:
     checkpoint_dir: str | None = None
     """The trainer's checkpoint folder when the launcher chose it (else the spec's); with an S3
     URI, each host's local staging folder."""
+    serves: tuple[str, ...] = ()
+    """A data server host's servers, ``host:port`` as the trainers reach them."""
 
 
 def make_plan(
@@ -92,6 +94,7 @@ def make_plan(
     elif backend is Backend.SAGEMAKER:
         # SageMaker syncs this folder with the job's CheckpointConfig S3 URI (managed Spot).
         checkpoint_dir = SAGEMAKER_CHECKPOINT_DIR
+    serves: tuple[str, ...] = ()
     if group.role is Role.TRAINER:
         if network_interface:
             env["NCCL_SOCKET_IFNAME"] = network_interface
@@ -145,6 +148,8 @@ def make_plan(
             )
             for i in range(group.ranks_per_instance)
         )
+        reach = "127.0.0.1" if host == "0.0.0.0" else host
+        serves = tuple(f"{reach}:{base + i}" for i in range(group.ranks_per_instance))
     return LaunchPlan(
         backend=backend,
         identity=identity,
@@ -154,6 +159,7 @@ def make_plan(
         env=env,
         checkpoint_s3_uri=checkpoint_s3_uri if group.role is Role.TRAINER else None,
         checkpoint_dir=checkpoint_dir if group.role is Role.TRAINER else None,
+        serves=serves,
     )
 
 

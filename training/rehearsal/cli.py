@@ -58,6 +58,8 @@ _FAULT_HELP = {
     FaultKind.HANG_TRAINER: "SIGSTOP the trainer workers of the instance once, the launcher "
     "left running (ranks stuck: the launcher's hang watch takes their stacks and ends the "
     "generation)",
+    FaultKind.HANG_DATA_SERVER: "SIGSTOP a dataprep instance's data server, its launcher left "
+    "running (its health check unanswered: the launcher takes the host out of its group)",
     FaultKind.CAPACITY_GONE: "SIGKILL the instance's processes and terminate it, and its group "
     "finds no capacity until the job ends (no replacement)",
     FaultKind.KILL_DATA_SERVER: "SIGKILL a dataprep instance's data server and terminate it",

@@ -63,6 +63,10 @@ class FaultKind(StrEnum):
     """SIGSTOP the trainer workers of the instance once, at STEP, and nothing else: ranks alive
     and stuck (a wedged driver, a rank stuck in a collective), while the launcher writes on. Its
     hang watch takes their stacks and ends the generation (``launcher/hang_watch.py``)."""
+    HANG_DATA_SERVER = "hang-data-server"
+    """SIGSTOP the ``hetero serve`` process of a dataprep instance, its launcher left running: a
+    data server alive and silent. Its launcher's health check finds it not answering and takes
+    the host out of its group (``launcher/server_watch.py``)."""
     CAPACITY_GONE = "capacity-gone"
     """SIGKILL the instance's whole process tree and terminate it, and from then until the job
     ends its group finds no capacity (its launches fail, as with ``InsufficientInstanceCapacity``
@@ -344,8 +348,9 @@ def check_against_spec(faults: Sequence[Fault], spec: ClusterSpec) -> list[str]:
             problems.append(
                 f"{f.describe()}: {f.kind.value} needs a trainer group, {f.group!r} is not"
             )
-        if f.kind is FaultKind.KILL_DATA_SERVER and group.role is not Role.DATAPREP:
+        data_only = (FaultKind.KILL_DATA_SERVER, FaultKind.HANG_DATA_SERVER)
+        if f.kind in data_only and group.role is not Role.DATAPREP:
             problems.append(
-                f"{f.describe()}: kill-data-server needs a dataprep group, {f.group!r} is not"
+                f"{f.describe()}: {f.kind.value} needs a dataprep group, {f.group!r} is not"
             )
     return problems

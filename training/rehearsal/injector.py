@@ -32,6 +32,9 @@
 - ``hang-trainer``: SIGSTOP the instance's trainer workers once, the launcher left running (stuck
   ranks): the launcher's hang watch takes their stacks and ends the generation
   (``launcher/hang_watch.py``).
+- ``hang-data-server``: SIGSTOP the ``hetero serve`` process of a dataprep instance, its launcher
+  left running: the launcher's health check finds it not answering and takes the host out
+  (``launcher/server_watch.py``).
 - ``s3-outage``: the S3 proxy resets every connection for the outage's seconds.
 
 An instance fault names the INDEX-th instance of its group in launch order; it waits (pending)
@@ -300,6 +303,7 @@ class FaultInjector(threading.Thread):
             FaultKind.KILL_LAUNCHER: self._kill_launcher,
             FaultKind.HANG: self._hang,
             FaultKind.HANG_TRAINER: self._hang_trainer,
+            FaultKind.HANG_DATA_SERVER: self._hang_data_server,
             FaultKind.S3_OUTAGE: self._s3_outage,
         }[f.kind]
         t = threading.Thread(
@@ -433,6 +437,12 @@ class FaultInjector(threading.Thread):
                 break
         self._say(rec, run, f"SIGSTOP trainer worker(s) {pids} at step {rec.step_at_fire}; its "
                   "launcher runs on")  # fmt: skip
+
+    def _hang_data_server(self, rec: FaultRecord, run: InstanceRun | None) -> None:
+        assert run is not None
+        pids = self.simulator.freeze_matching(run, is_data_server)
+        self._say(rec, run, f"SIGSTOP data server {pids} at step {rec.step_at_fire}; its launcher "
+                  "runs on")  # fmt: skip
 
     def _kill_in_save(self, rec: FaultRecord, run: InstanceRun | None) -> None:
         assert run is not None

@@ -77,6 +77,7 @@ _INSTANCE_LOSS = (
     FaultKind.KILL_DATA_SERVER,
     FaultKind.KILL_LAUNCHER,
     FaultKind.HANG,
+    FaultKind.HANG_DATA_SERVER,
 )
 
 
