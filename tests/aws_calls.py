@@ -11,11 +11,12 @@ evaluates every call in the file against the roles of the synthesized stacks
 
 Normalized: the names a test chose become placeholders, so one call is one line whatever the
 run: ``{cluster}`` (the spec's name), ``{checkpoints}`` (the checkpoint bucket), ``{dataset}``
-(the dataset's bucket) and ``{dataset_root}`` (its key prefix), ``{instance}`` (an instance id),
-``{n}`` (a number in a key, a prefix or a job name: steps, ranks, shards), a key's job
-folder under ``checkpoints/`` becomes ``{job}``, and a sha256 in a key (a staged ``timm:``
-init's folder, ``checkpoints/init/<sha256>/``) ``{digest}``. Parameters that decide neither
-resource nor condition (sizes, checksums, tokens) go.
+(the dataset's bucket) and ``{dataset_root}`` (its key prefix), ``{init}`` (the bucket of an
+``s3://`` ``job.model.init`` copied into the checkpoint bucket, training/common/s3_init.py),
+``{instance}`` (an instance id), ``{n}`` (a number in a key, a prefix or a job name: steps,
+ranks, shards), a key's job folder under ``checkpoints/`` becomes ``{job}``, and a sha256 in a
+key (a staged init's folder, ``checkpoints/init/<sha256>/``) ``{digest}``. Parameters that
+decide neither resource nor condition (sizes, checksums, tokens) go.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ KEPT_PARAMS = frozenset(
         "Filters", "Name", "Names", "Overwrite", "Type", "Path",
         "Namespace", "StackName", "TrainingJobName", "RoleArn", "logGroupName",
         "InstanceTypes", "ProductDescriptions", "ServiceCode", "QuotaCode", "LocationType",
+        # CreateTrainingJob's condition keys (sagemaker:InstanceTypes, MaxRuntimeInSeconds,
+        # VpcSubnets, NetworkIsolation, EnableRemoteDebug, aws:RequestTag...).
+        "ResourceConfig", "StoppingCondition", "VpcConfig", "EnableNetworkIsolation",
+        "EnableInterContainerTrafficEncryption", "RemoteDebugConfig", "Tags",
     }
 )  # fmt: skip
 # Parameters whose numbers are counters (steps, ranks, shards, a job name's time), not names.
@@ -71,14 +76,19 @@ class Names:
     checkpoint_bucket: str | None = None
     dataset: str | None = None
     """``s3://bucket/root/`` of an S3 dataset the processes read, if any."""
+    init_bucket: str | None = None
+    """The bucket of an ``s3://`` ``job.model.init`` the user's commands copy from, if any."""
 
     def bucket(self, name: str) -> str:
         dataset_bucket = (
             self.dataset.removeprefix("s3://").partition("/")[0] if self.dataset else None
         )
-        return {self.checkpoint_bucket: "{checkpoints}", dataset_bucket: "{dataset}"}.get(
-            name, name
-        )
+        placeholders = {
+            self.init_bucket: "{init}",
+            dataset_bucket: "{dataset}",
+            self.checkpoint_bucket: "{checkpoints}",
+        }
+        return placeholders.get(name, name)
 
     def key(self, key: str) -> str:
         """A key or prefix: the dataset's root and a job folder under ``checkpoints/``."""

@@ -23,7 +23,11 @@ How a spec becomes one ``CreateTrainingJob`` request:
 - a ``timm:NAME.TAG`` ``job.model.init`` is resolved here (the Hugging Face cache, or a download
   into it) and staged at ``checkpoints/init/<sha256>/`` unless it is there already
   (``training.common.timm_hub``; the job's subnet has no internet route), and
-  ``HETERO_INIT_URI`` names that folder.
+  ``HETERO_INIT_URI`` names that folder. An ``s3://`` init outside ``checkpoints/`` (another
+  bucket: the execution role reads only the checkpoint prefix) is read here (``HeadObject``, or
+  ``ListObjectsV2`` of a folder) and copied server-side, with the user's credentials, into
+  ``checkpoints/init/<sha256 of its URI and ETags>/`` unless it is there already
+  (``training.common.s3_init``); ``HETERO_INIT_URI`` names the copy.
 
 Which instance types SageMaker offers: the ``TrainingInstanceType`` enum of the SageMaker
 service model in the installed botocore (the same list the API reference publishes). A type
@@ -56,6 +60,13 @@ from training.common.names import (
     SAGEMAKER_SPEC_CHANNEL,
 )
 from training.common.s3 import s3_uri
+from training.common.s3_init import (
+    S3InitError,
+    StagedS3Init,
+    copy_staged,
+    is_s3_init,
+    plan_s3_init,
+)
 from training.common.timm_hub import (
     HubInitError,
     StagedInit,
@@ -184,7 +195,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         help="print the CreateTrainingJob request as JSON; only read (DescribeStacks, and "
-        "GetProducts for job.max_usd, DescribeTrainingJob for --resume), create nothing",
+        "GetProducts for job.max_usd, DescribeTrainingJob for --resume, HeadObject or "
+        "ListObjectsV2 of an s3:// init), create nothing",
     )
 
 
@@ -249,7 +261,7 @@ def submit(
     rules = rules or SageMakerRules.from_service_model(sagemaker.meta.service_model)
     resumed = resume_checkpoints(sagemaker, resume, outputs["CheckpointUri"]) if resume else None
     prices = _job_prices(spec, rules, pricing, region, now)
-    init = _init_staging(spec, outputs["CheckpointUri"])
+    init = _init_staging(spec, outputs["CheckpointUri"], s3)
     plan = build_plan(
         spec,
         outputs,
@@ -268,7 +280,8 @@ def submit(
     if dry_run:
         print(json.dumps(plan.request, indent=2))
         staged = (
-            f", {init.hub.init} ({human_size(init.hub.size)}) to {init.uri} unless it is there,"
+            f", {'copy ' if isinstance(init, StagedS3Init) else ''}{init.init} "
+            f"({human_size(init.size)}) to {init.uri} unless it is there,"
             if init
             else ""
         )
@@ -281,10 +294,7 @@ def submit(
         )
         return 0
     if init is not None:
-        try:
-            init = upload_staged(init, s3)
-        except StagingError as e:
-            raise SubmitError(str(e)) from e
+        init = _stage(init, s3)
     s3.put_object(Bucket=plan.spec_bucket, Key=plan.spec_key, Body=Path(spec_path).read_bytes())
     sagemaker.create_training_job(**plan.request)
     print(f"created SageMaker training job {name}")
@@ -371,16 +381,33 @@ def _job_prices(
         raise SubmitError(str(e)) from e
 
 
-def _init_staging(spec: ClusterSpec, checkpoint_base_uri: str) -> StagedInit | None:
-    """A ``timm:`` init resolved on this machine and where it is staged (nothing uploaded yet);
-    None for any other init. ``SubmitError`` naming the fix when it cannot be resolved."""
-    if not is_timm_init(spec.job.model.init):
+def _init_staging(
+    spec: ClusterSpec, checkpoint_base_uri: str, s3: Any
+) -> StagedInit | StagedS3Init | None:
+    """A ``timm:`` init resolved on this machine, or an ``s3://`` one outside the checkpoint
+    prefix read with ``s3``, and where it is staged (nothing uploaded or copied yet); None for
+    any other init. ``SubmitError`` naming the fix when it cannot be resolved or read."""
+    init = spec.job.model.init
+    if is_s3_init(init):
+        try:
+            return plan_s3_init(str(init), s3=s3, checkpoint_base_uri=checkpoint_base_uri)
+        except S3InitError as e:
+            raise SubmitError(str(e)) from None
+    if not is_timm_init(init):
         return None
     try:
         hub = resolve_timm_init(str(spec.job.model.init))
     except HubInitError as e:
         raise SubmitError(f"job.model.init = {e}") from None
     return plan_staging(hub, checkpoint_base_uri)
+
+
+def _stage(init: StagedInit | StagedS3Init, s3: Any) -> StagedInit | StagedS3Init:
+    """Upload a ``timm:`` init's files, or copy an ``s3://`` one's, unless they are there."""
+    try:
+        return copy_staged(init, s3) if isinstance(init, StagedS3Init) else upload_staged(init, s3)
+    except StagingError as e:
+        raise SubmitError(str(e)) from e
 
 
 def stack_outputs(
@@ -438,7 +465,7 @@ def build_plan(
     resumed: Resumed | None = None,
 ) -> SubmitPlan:
     """The ``CreateTrainingJob`` request for ``spec`` on the stack's resources (pure: nothing
-    is called). ``init_uri``: where a ``timm:`` init is staged (``HETERO_INIT_URI``);
+    is called). ``init_uri``: where a ``timm:`` or ``s3://`` init is staged (``HETERO_INIT_URI``);
     ``prices``: the job's SageMaker prices (``job.max_usd`` needs them); ``resumed``: the job
     whose checkpoints this one continues. Every problem found is reported together in one
     ``SubmitError``."""

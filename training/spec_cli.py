@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from training.common.s3_init import is_s3_init
 from training.instance_types import PRICES_AS_OF, PRICES_REGION
 from training.network_cost import network_cost_line
 from training.prices import offline_prices, price_lines
@@ -18,13 +19,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", default="cluster.toml", help="cluster spec (TOML)")
 
 
+def s3_init_line(init: str) -> str:
+    """What happens to an ``s3://`` init (spec check asks AWS nothing: the URI as given)."""
+    return (
+        f"job.model.init {init} will be copied to <checkpoint prefix>/init/<sha256>/ when the "
+        "job starts (hetero job start, hetero sagemaker submit: read with HeadObject, or "
+        "ListObjectsV2 for a folder, then copied server-side with your credentials, once per "
+        "version of it; an init under the checkpoint prefix is read where it is), and the job "
+        "reads that copy: the instances and SageMaker read only the checkpoint prefix. The job "
+        "cdk deploy starts reads it where it is, so start a fine-tune from another bucket with "
+        "hetero job start"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     init_line = None
-    if spec.job.model.init and not spec.job.model.init.startswith("s3://"):
+    if is_s3_init(spec.job.model.init):
+        init_line = s3_init_line(str(spec.job.model.init).strip())
+    elif spec.job.model.init:
         # Local weights (and a timm: init, through the Hugging Face cache) are read now, so a
-        # bad init fails here, before anything is deployed; an s3:// one waits for the trainer
-        # (spec check asks AWS nothing). Deferred: torch and timm load only for such specs.
+        # bad init fails here, before anything is deployed; an s3:// one is read where the job
+        # starts (spec check asks AWS nothing). Deferred: torch and timm load only for such specs.
         from training.trainer.model import check_init
 
         weights = check_init(spec)  # SpecError: reported by training/cli.py like any problem

@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import iam_context
 from infra_support import REPO_ROOT
 
 ACCOUNT = "123456789012"
-REGION = "us-east-1"
+REGION = "eu-west-1"
+"""The cluster's region in the evaluation: not the Price List API's (us-east-1), so a request
+sent there (``aws:RequestedRegion``) is told apart from the cluster's."""
 PARTITION = "aws"
 ASG_UUID = "11111111-2222-3333-4444-555555555555"
 STACK_UUID = "66666666-7777-8888-9999-000000000000"
@@ -32,6 +35,8 @@ SIMULATOR = Path(__file__).resolve().parent / "iam_simulate.mjs"
 # The values a placeholder of the record takes in the evaluation (tests/aws_calls.py).
 JOB = "d-0123456789ab"
 DIGEST = "0123456789abcdef" * 4
+INIT_BUCKET = "user-weights"
+"""The bucket of an ``s3://`` ``job.model.init`` the user's commands copy from (``{init}``)."""
 INSTANCE = "i-0123456789abcdef0"
 NUMBER = "7"
 
@@ -39,7 +44,8 @@ NUMBER = "7"
 # (https://docs.aws.amazon.com/AmazonS3/latest/API/API_Operations_Amazon_Simple_Storage_Service.html,
 # each operation's "Permissions"; multipart parts and their completion are s3:PutObject, HeadObject
 # is s3:GetObject, ListObjectsV2 is s3:ListBucket on the bucket, DeleteObjects needs s3:DeleteObject
-# for every key).
+# for every key; CopyObject and UploadPartCopy are s3:GetObject on the source and s3:PutObject on
+# the copy).
 S3_OBJECT_ACTIONS = {
     "GetObject": "s3:GetObject",
     "HeadObject": "s3:GetObject",
@@ -80,6 +86,10 @@ class Stack:
     bucket_policy: dict[str, Any]
     group_tags: dict[str, dict[str, str]]
     """Auto Scaling group name -> its tags (what ``aws:ResourceTag/...`` sees)."""
+    parameter_tags: dict[str, dict[str, str]] = field(default_factory=dict)
+    """SSM parameter name -> its tags."""
+    endpoints: dict[str, str] = field(default_factory=dict)
+    """botocore service name -> the network stack's VPC endpoint for it (a stand-in id)."""
 
     @property
     def dataset_bucket(self) -> str:
@@ -89,6 +99,7 @@ class Stack:
         dataset_root = (self.dataset or "s3://none/").removeprefix("s3://").partition("/")[2]
         for placeholder, value in {
             "{checkpoints}": self.checkpoint_bucket,
+            "{init}": INIT_BUCKET,
             "{dataset}": self.dataset_bucket,
             "{dataset_root}/": dataset_root,
             "{cluster}": self.cluster,
@@ -173,10 +184,17 @@ def _role_lid(template: Mapping[str, Any], principal_service: str) -> str:
     return found[0]
 
 
-def load_stack(template: Mapping[str, Any], *, cluster: str, dataset: str | None) -> Stack:
+def load_stack(
+    template: Mapping[str, Any],
+    *,
+    cluster: str,
+    dataset: str | None,
+    network: Mapping[str, Any] | None = None,
+) -> Stack:
     """The instance and SageMaker roles' identity policies (every ``AWS::IAM::Policy`` attached
     to each, and managed policies by ARN: none may be attached, since none is vendored here), the
-    checkpoint bucket's policy and the groups' tags, with every intrinsic resolved."""
+    checkpoint bucket's policy, the groups' and parameters' tags, with every intrinsic resolved,
+    and the VPC endpoints of the ``network`` template."""
     resources = template["Resources"]
     buckets = [lid for lid, r in resources.items() if r["Type"] == "AWS::S3::Bucket"]
     assert len(buckets) == 1, buckets
@@ -207,6 +225,11 @@ def load_stack(template: Mapping[str, Any], *, cluster: str, dataset: str | None
         for r in resources.values()
         if r["Type"] == "AWS::AutoScaling::AutoScalingGroup"
     }
+    parameter_tags = {
+        resolve(r["Properties"]["Name"]): dict(r["Properties"].get("Tags", {}))
+        for r in resources.values()
+        if r["Type"] == "AWS::SSM::Parameter"
+    }
     return Stack(
         cluster=cluster,
         checkpoint_bucket=checkpoint_bucket,
@@ -214,6 +237,8 @@ def load_stack(template: Mapping[str, Any], *, cluster: str, dataset: str | None
         roles=roles,
         bucket_policy=bucket_policy,
         group_tags=group_tags,
+        parameter_tags=parameter_tags,
+        endpoints=iam_context.vpc_endpoints(network, REGION) if network else {},
     )
 
 
@@ -224,43 +249,55 @@ def _arn(service: str, resource: str, *, region: str = REGION, account: str = AC
     return f"arn:{PARTITION}:{service}:{region}:{account}:{resource}"
 
 
-def _group_request(action: str, group: str, stack: Stack) -> Request:
-    tags = stack.group_tags.get(group, {})
+def _group_request(
+    action: str, group: str, stack: Stack, params: Mapping[str, Any] | None = None
+) -> Request:
     return Request(
         action,
         _arn("autoscaling", f"autoScalingGroup:{ASG_UUID}:autoScalingGroupName/{group}"),
-        {f"aws:ResourceTag/{k}": v for k, v in tags.items()},
+        iam_context.autoscaling(params or {}, stack.group_tags.get(group, {})),
     )
 
 
 def requests(call: Mapping[str, Any], stack: Stack) -> list[Request]:
-    """The IAM authorizations ``call`` needs, in the stack's names. ``KeyError`` for an
-    operation this map does not know yet: add it, with its source."""
-    service, operation = call["service"], call["operation"]
+    """The IAM authorizations ``call`` needs, in the stack's names, each with the context AWS
+    sends (``iam_context``). ``KeyError`` for an operation this map does not know yet: add it,
+    with its source."""
+    service, principal = call["service"], call["principal"]
     params = json.loads(stack.substitute(json.dumps(call["params"])))
+    found = _requests(service, call["operation"], params, stack)
+    if not found:
+        return []
+    keys = iam_context.common(service, principal, region=REGION, endpoints=stack.endpoints)
+    return [Request(r.action, r.resource, {**keys, **r.context}) for r in found]
+
+
+def _requests(
+    service: str, operation: str, params: Mapping[str, Any], stack: Stack
+) -> list[Request]:
     if (service, operation) in NO_PERMISSION:
         return []
     if service == "s3":
         bucket = params["Bucket"]
-        secure = {"aws:SecureTransport": "true"}
+        keys = iam_context.s3(ACCOUNT)
         if operation in S3_OBJECT_ACTIONS:
             action = S3_OBJECT_ACTIONS[operation]
             if operation == "GetObject" and "VersionId" in params:
                 action = "s3:GetObjectVersion"
-            keys = params["Key"] if isinstance(params["Key"], list) else [params["Key"]]
-            return [Request(action, f"arn:{PARTITION}:s3:::{bucket}/{k}", secure) for k in keys]
-        if operation == "CopyObject":  # read the source, write the copy
+            names = params["Key"] if isinstance(params["Key"], list) else [params["Key"]]
+            return [Request(action, f"arn:{PARTITION}:s3:::{bucket}/{k}", keys) for k in names]
+        if operation in ("CopyObject", "UploadPartCopy"):  # read the source, write the copy
             source = params["CopySource"]
             return [
                 Request(
                     "s3:GetObject",
                     f"arn:{PARTITION}:s3:::{source['Bucket']}/{source['Key']}",
-                    secure,
+                    keys,
                 ),
-                Request("s3:PutObject", f"arn:{PARTITION}:s3:::{bucket}/{params['Key']}", secure),
+                Request("s3:PutObject", f"arn:{PARTITION}:s3:::{bucket}/{params['Key']}", keys),
             ]
         if operation in S3_BUCKET_ACTIONS:
-            context = dict(secure)
+            context = dict(keys)
             if "Prefix" in params:
                 context["s3:prefix"] = params["Prefix"]
             if "Delimiter" in params:
@@ -277,32 +314,36 @@ def requests(call: Mapping[str, Any], stack: Stack) -> list[Request]:
         if operation.startswith("Describe"):
             return [Request(action, "*")]
         if "AutoScalingGroupName" in params:
-            return [_group_request(action, params["AutoScalingGroupName"], stack)]
+            return [_group_request(action, params["AutoScalingGroupName"], stack, params)]
         # SetInstanceHealth and TerminateInstanceInAutoScalingGroup name an instance, and IAM
         # authorizes them on its group: any of the cluster's groups may be it.
         return [_group_request(action, group, stack) for group in sorted(stack.group_tags)]
     if service == "ec2":
-        # Describe* and GetSpotPlacementScores have no resource types (list_amazonec2.html).
-        return [Request(action, "*")]
+        # Describe* and GetSpotPlacementScores have no resource types and take ec2:Region
+        # (list_amazonec2.html).
+        return [Request(action, "*", {"ec2:Region": REGION})]
     if service == "pricing":
         # The Price List API has no resource types (list_awspricelist.html).
         return [Request(action, "*")]
     if service == "ssm" and operation in ("GetParameter", "PutParameter", "GetParameters"):
         names = params["Names"] if operation == "GetParameters" else [params["Name"]]
-        # AWS's public parameters (/aws/service/...) belong to no account.
+        # AWS's public parameters (/aws/service/...) belong to no account and their ARNs name
+        # none, which the simulator cannot match to a resource type ("no.resource.types"): they
+        # are evaluated with the account, and test_iam_context checks the user policy's
+        # statement against AWS's own ARN (``public_parameter_arn``).
         return [
             Request(
                 action,
                 _arn("ssm", f"parameter{n}"),
+                iam_context.ssm(operation, params, stack.parameter_tags.get(n, {})),
             )
             for n in names
         ]
     if service == "cloudwatch" and operation == "PutMetricData":
         return [Request(action, "*", {"cloudwatch:namespace": params["Namespace"]})]
     if service == "service-quotas" and operation == "GetServiceQuota":
-        return [
-            Request(action, _arn("servicequotas", f"{params['ServiceCode']}/{params['QuotaCode']}"))
-        ]
+        quota = _arn("servicequotas", f"{params['ServiceCode']}/{params['QuotaCode']}")
+        return [Request(action, quota, {"servicequotas:service": params["ServiceCode"]})]
     if service == "cloudformation" and operation == "DescribeStacks":
         return [
             Request(action, _arn("cloudformation", f"stack/{params['StackName']}/{STACK_UUID}"))
@@ -310,13 +351,14 @@ def requests(call: Mapping[str, Any], stack: Stack) -> list[Request]:
     if service == "sagemaker" and operation == "CreateTrainingJob":
         # Creating a job passes its execution role to SageMaker: iam:PassRole on that role
         # (https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html#sagemaker-roles-pass-role).
+        job = _arn("sagemaker", f"training-job/{params['TrainingJobName'].lower()}")
+        passed = {
+            "iam:PassedToService": "sagemaker.amazonaws.com",
+            "iam:AssociatedResourceArn": job,
+        }
         return [
-            Request(action, _arn("sagemaker", f"training-job/{params['TrainingJobName'].lower()}")),
-            Request(
-                "iam:PassRole",
-                params["RoleArn"],
-                {"iam:PassedToService": "sagemaker.amazonaws.com"},
-            ),
+            Request(action, job, iam_context.training_job(params)),
+            Request("iam:PassRole", params["RoleArn"], passed),
         ]
     if service == "sagemaker" and operation == "DescribeTrainingJob":
         # `hetero sagemaker submit --resume JOB`: the training job is its resource

@@ -11,6 +11,7 @@ a recorded call to be denied without it, so an unused grant fails here too.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import defaultdict
 from typing import Any
@@ -32,11 +33,13 @@ from iam_docs import (
     DOC,
     END,
     ROLE_PRINCIPALS,
+    USER_POLICY,
     allowed_by,
     build_stack,
     policies_of,
     replace_section,
     section,
+    user_policies,
 )
 
 # Grants that no process of this project uses: another program on the instance, or SageMaker
@@ -103,7 +106,7 @@ def recorded() -> dict[str, list[dict[str, Any]]]:
 
 def _why(principal: str, call: dict[str, Any], request: Request, policies: list[Any]) -> str:
     statements = [sid for _, _, sid, action in granted(policies) if action == request.action]
-    where = "infra/cluster.py" if principal in ROLE_PRINCIPALS else "the record (re-run the test)"
+    where = "infra/cluster.py" if principal in ROLE_PRINCIPALS else str(USER_POLICY)
     change = (
         f"statement(s) {', '.join(sorted(set(statements)))} grant {request.action} but not on "
         "this resource or not under these conditions: widen the one meant for it"
@@ -119,8 +122,8 @@ def _why(principal: str, call: dict[str, Any], request: Request, policies: list[
 
 def test_every_recorded_call_is_allowed_for_its_principal(stack: Stack) -> None:
     """The instance role and the SageMaker execution role as the stack makes them, and the
-    user's policy as docs/security.md gives it; each call against its principal's policies and,
-    on the checkpoint bucket, the bucket policy."""
+    user's policy as a person applies it (``infra/policies/user-policy.json``); each call against
+    its principal's policies and, on the checkpoint bucket, the bucket policy."""
     calls = aws_calls.load()
     assert {c["principal"] for c in calls} == {"instance", "sagemaker", "user"}
     denied = [
@@ -132,15 +135,16 @@ def test_every_recorded_call_is_allowed_for_its_principal(stack: Stack) -> None:
     assert not denied, "\n".join(denied)
 
 
-def test_every_action_a_role_grants_is_needed_by_a_recorded_call(
+def test_every_action_a_role_or_the_user_policy_grants_is_needed_by_a_recorded_call(
     stack: Stack, recorded: dict[str, list[dict[str, Any]]]
 ) -> None:
-    """Take each action out of each statement in turn: some recorded call must then be denied,
-    unless the grant is listed in ``OUTSIDE_CODE`` with the program that uses it."""
+    """Take each action out of each statement in turn (the roles', the user policy file's):
+    some recorded call must then be denied, unless the grant is listed in ``OUTSIDE_CODE`` with
+    the program that uses it. So dropping any statement of the user policy fails here too."""
     mutants: list[tuple[str, str, str, int]] = []  # principal, statement, action, first sim
     sims: list[dict[str, Any]] = []
-    for principal in ROLE_PRINCIPALS:
-        policies = stack.roles[principal]
+    for principal in (*ROLE_PRINCIPALS, "user"):
+        policies = policies_of(principal, aws_calls.load(), stack)
         pairs = [(c, r) for c in recorded[principal] for r in requests(c, stack)]
         for p, s, sid, action in granted(policies):
             if (principal, action) in OUTSIDE_CODE or (
@@ -161,6 +165,37 @@ def test_every_action_a_role_grants_is_needed_by_a_recorded_call(
     assert not surviving, (
         "granted, but no recorded call is denied without it (remove the grant, or list it in "
         "OUTSIDE_CODE with the program that uses it):\n" + "\n".join(surviving)
+    )
+
+
+def test_every_resource_of_the_user_policy_is_needed_by_a_recorded_call(
+    stack: Stack, recorded: dict[str, list[dict[str, Any]]]
+) -> None:
+    """A statement of several resources: take each resource out in turn; some recorded call of
+    the user must then be denied (no resource is there for nothing)."""
+    policies = user_policies(aws_calls.load(), stack)
+    requests_of_user = [r for c in recorded["user"] for r in requests(c, stack)]
+    mutants: list[tuple[str, str, int]] = []
+    sims: list[dict[str, Any]] = []
+    for s, statement in enumerate(policies[0]["policy"]["Statement"]):
+        resources = statement["Resource"]
+        for resource in resources if isinstance(resources, list) else []:
+            mutated = copy.deepcopy(policies)
+            mutated[0]["policy"]["Statement"][s]["Resource"] = [
+                r for r in resources if r != resource
+            ]
+            mutants.append((statement["Sid"], resource, len(sims)))
+            sims += [simulation("user", r, mutated, stack) for r in requests_of_user]
+    assert mutants, "the user policy has no statement of several resources to check"
+    results = simulate(sims)
+    bounds = [m[2] for m in mutants[1:]] + [len(sims)]
+    surviving = [
+        f"{resource} in statement {sid}"
+        for (sid, resource, start), end in zip(mutants, bounds, strict=True)
+        if all(r["result"] == "Allowed" for r in results[start:end])
+    ]
+    assert not surviving, "in the user policy, but no recorded call needs it:\n" + "\n".join(
+        surviving
     )
 
 

@@ -36,8 +36,11 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
   and where the job reads its files, staged in S3 because the instances have no internet route
   (``training.common.timm_hub``): ``hetero job start`` puts them in the checkpoint bucket
   (``<checkpoint prefix>/init/<sha256>/``), a deploy in the CDK asset bucket (a zip,
-  ``infra/init_asset.py``). The launcher hands ``init_uri`` to the trainer (``HETERO_INIT_URI``)
-  when ``init`` is its spec's. Absent for any other spec.
+  ``infra/init_asset.py``). For an ``s3://`` init outside the checkpoint prefix (a bucket the
+  instance role cannot read), ``hetero job start`` copies it to the same ``init/`` folder
+  (``training.common.s3_init``) and ``init_uri`` names the copy (the file's, or the folder).
+  The launcher hands ``init_uri`` to the trainer (``HETERO_INIT_URI``) when ``init`` is its
+  spec's. Absent for any other spec.
 
 The stack creates the parameter (``infra/job.py``); ``hetero job start`` overwrites it; the
 launcher reads it when it starts and at every generation boundary (``JobWatch``), so a host

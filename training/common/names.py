@@ -32,8 +32,9 @@ ENV_CHECKPOINT_URI: Final = "HETERO_CHECKPOINT_URI"
 ``job.checkpoint.dir``)."""
 ENV_INIT_URI: Final = "HETERO_INIT_URI"
 """Where the trainer reads ``job.model.init``'s files instead of the spec's value: the copy of a
-``timm:NAME.TAG`` init staged in S3 for instances without internet (``training.common.timm_hub``:
-the job pointer's ``init_uri`` on EC2, the training job's environment on SageMaker)."""
+``timm:NAME.TAG`` init staged in S3 for instances without internet (``training.common.timm_hub``),
+or of an ``s3://`` init in a bucket the roles cannot read (``training.common.s3_init``): the job
+pointer's ``init_uri`` on EC2, the training job's environment on SageMaker."""
 ENV_JOB_PARAMETER: Final = "HETERO_JOB_PARAMETER"
 """SSM parameter naming the current job (id and checkpoint URI); see ``job_parameter_name``."""
 ENV_ASG_NAMES: Final = "HETERO_ASG_NAMES"

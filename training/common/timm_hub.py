@@ -48,8 +48,9 @@ class HubInitError(ValueError):
 
 
 class StagingError(RuntimeError):
-    """A ``timm:`` init's files could not be checked for or uploaded to S3 (the message names
-    where, the AWS error and the permissions it needs)."""
+    """An init's files could not be checked for, uploaded or copied to S3 (a ``timm:`` one's,
+    here; an ``s3://`` one's, ``training.common.s3_init``): the message names where, the AWS
+    error and the permissions it needs."""
 
 
 def is_timm_init(init: str | None) -> bool:
@@ -262,6 +263,15 @@ class StagedInit:
     uploaded: tuple[str, ...]
     """The objects uploaded now (``s3://`` URIs); empty when the folder was there already (or
     nothing was uploaded: a dry run)."""
+
+    @property
+    def init(self) -> str:
+        """``job.model.init`` as the spec gives it."""
+        return self.hub.init
+
+    @property
+    def size(self) -> int:
+        return self.hub.size
 
     def describe(self) -> str:
         done = (

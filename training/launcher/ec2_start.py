@@ -62,7 +62,8 @@ def record_location(environ: Mapping[str, str], spec: ClusterSpec) -> str | None
 
 def staged_init(pointer: jobparam.JobPointer, spec: ClusterSpec) -> str | None:
     """Where this job reads ``job.model.init``: the pointer's ``init_uri`` (a ``timm:`` init
-    staged in S3, ``training.common.timm_hub``) when the pointer's ``init`` is this spec's;
+    staged in S3, ``training.common.timm_hub``, or an ``s3://`` one copied into the checkpoint
+    bucket, ``training.common.s3_init``) when the pointer's ``init`` is this spec's;
     otherwise None (and a warning when the pointer has a staged init for another spec)."""
     if pointer.init_uri is None:
         return None

@@ -22,7 +22,12 @@ groups back at their counts:
    Face cache (or a download into it), and stage its files into the checkpoint bucket at
    ``<checkpoint prefix>/init/<sha256>/`` unless they are there already
    (``training.common.timm_hub``; the instances have no internet route); the pointer names
-   that folder (``init_uri``) beside the spec's value (``init``);
+   that folder (``init_uri``) beside the spec's value (``init``). An ``s3://`` init outside the
+   checkpoint prefix (another bucket: the instance role reads only that prefix) is read first
+   (``HeadObject``, or ``ListObjectsV2`` of a folder: missing or unreadable, nothing changes)
+   and copied server-side into ``<checkpoint prefix>/init/<sha256 of its URI and ETags>/``
+   unless it is there already (``training.common.s3_init``); the pointer names the copy the
+   same way;
 6. write the new pointer, then set every group to ``MinSize=0, MaxSize=DesiredCapacity=count``
    (pointer first: an instance that starts must read the new job); an elastic dataprep group
    (``min_count``/``max_count``) gets ``MinSize=min_size, MaxSize=max_size,
@@ -39,7 +44,9 @@ The caller's credentials need ``ssm:GetParameter`` and ``ssm:PutParameter`` on t
 ``autoscaling:DeleteScheduledAction``, ``ec2:DescribeSpotPriceHistory`` and
 ``pricing:GetProducts`` (without them the prices fall back to the catalogue), and on
 the checkpoint bucket ``s3:ListBucket``, ``s3:GetObject``, ``s3:PutObject`` and
-``s3:DeleteObject`` (``--resume`` moves the record; a ``timm:`` init is looked for and uploaded).
+``s3:DeleteObject`` (``--resume`` moves the record; a ``timm:`` init is looked for and uploaded,
+an ``s3://`` one copied); an ``s3://`` init in another bucket needs ``s3:GetObject`` on its
+objects (and ``s3:ListBucket`` on its bucket for a folder).
 """
 
 from __future__ import annotations
@@ -63,7 +70,15 @@ from training.common.jobparam import (
 )
 from training.common.names import asg_name, job_parameter_name
 from training.common.s3 import list_keys, parse_s3_uri, s3_uri
+from training.common.s3_init import (
+    S3InitError,
+    StagedS3Init,
+    copy_staged,
+    is_s3_init,
+    plan_s3_init,
+)
 from training.common.timm_hub import (
+    HubInit,
     HubInitError,
     StagedInit,
     StagingError,
@@ -103,8 +118,9 @@ class StartedJob:
     priced: Priced
     """Every group's price at its most (also in ``pointer.prices``), and why a price is the
     catalogue's."""
-    init: StagedInit | None = None
-    """A ``timm:`` init's staged copy (also in ``pointer.init_uri``); None for other specs."""
+    init: StagedInit | StagedS3Init | None = None
+    """A ``timm:`` init's staged copy, or an ``s3://`` one's (also in ``pointer.init_uri``);
+    None for other specs."""
 
 
 def group_sizes(group: InstanceGroup) -> tuple[int, int, int]:
@@ -253,6 +269,7 @@ def start_job(
     found = check_groups(
         spec, autoscaling, job_id=previous.job_id, spec_path=spec_path, force=force
     )
+    planned = _plan_s3_init(spec, s3, previous.checkpoint_base)
     now = now or datetime.now(UTC)
     if ec2 is None or pricing is None:
         priced = offline_prices(spec)
@@ -275,16 +292,10 @@ def start_job(
         if fresh
         else (previous.checkpoint_uri, previous.job_id)
     )
-    init: StagedInit | None = None
-    if hub is not None:
-        _split_s3(previous.checkpoint_base)
-        try:
-            init = stage_timm_init(hub, s3=s3, checkpoint_base_uri=previous.checkpoint_base)
-        except StagingError as e:
-            raise JobStartError(str(e)) from e
+    init = _stage_init(hub, planned, s3, previous.checkpoint_base)
     pointer = JobPointer(
         job_id, uri, started, resumed, max_usd, max_hours, priced.prices,
-        init=init.hub.init if init else None, init_uri=init.uri if init else None,
+        init=init.init if init else None, init_uri=init.uri if init else None,
     )  # fmt: skip
     if fresh:
         _split_s3(pointer.checkpoint_uri)  # Refuse a non-S3 folder before anything changes.
@@ -317,6 +328,32 @@ def start_job(
             f"{'; '.join(failed)}. Fix the cause and set the sizes:\n{fix}"
         )
     return StartedJob(pointer, previous, moved, history_uri, groups, priced, init)
+
+
+def _plan_s3_init(spec: ClusterSpec, s3: Any, checkpoint_base: str) -> StagedS3Init | None:
+    """Where an ``s3://`` init outside the checkpoint prefix is copied, its source read now,
+    before anything changes; None for any other init."""
+    if not is_s3_init(spec.job.model.init):
+        return None
+    _split_s3(checkpoint_base)
+    try:
+        return plan_s3_init(str(spec.job.model.init), s3=s3, checkpoint_base_uri=checkpoint_base)
+    except S3InitError as e:
+        raise JobStartError(str(e)) from None
+
+
+def _stage_init(
+    hub: HubInit | None, planned: StagedS3Init | None, s3: Any, checkpoint_base: str
+) -> StagedInit | StagedS3Init | None:
+    """Upload a ``timm:`` init's files, or copy an ``s3://`` one's, unless they are staged
+    already; None when the init needs neither."""
+    try:
+        if hub is not None:
+            _split_s3(checkpoint_base)
+            return stage_timm_init(hub, s3=s3, checkpoint_base_uri=checkpoint_base)
+        return copy_staged(planned, s3) if planned is not None else None
+    except StagingError as e:
+        raise JobStartError(str(e)) from e
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

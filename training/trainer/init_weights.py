@@ -46,6 +46,7 @@ from timm.models import clean_state_dict, get_pretrained_cfg, load_state_dict
 from timm.models._hub import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 
 from training.common import aws, s3
+from training.common.s3_init import WEIGHT_SUFFIXES, ZIP_SUFFIX
 from training.common.timm_hub import HubInit, HubInitError, is_timm_init, resolve_timm_init
 from training.trainer.config import ConfigError, ModelConfig
 
@@ -56,16 +57,15 @@ CONFIG_FILE = "config.json"
 """timm's hub config, in a folder or beside a weights file (this project's export writes one)."""
 FOLDER_WEIGHTS = (HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME)
 """A hub-form folder's weights file, in the order they are looked for (timm's hub names)."""
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pth.tar", ".pt", ".bin")
-"""An ``s3://`` URI ending in one of these names a file; any other names a folder."""
+# WEIGHT_SUFFIXES: an s3:// URI ending in one names a file, any other a folder; ZIP_SUFFIX: a
+# zipped hub-form folder (how `cdk deploy` stages a timm: init). Defined in
+# training.common.s3_init: the staging of an s3:// init where a job starts reads URIs the same.
 FORMS = (
     "a hub-form folder (config.json + model.safetensors or pytorch_model.bin, as "
     "timm.models.save_for_hf writes) or a weights file timm reads (.safetensors, .pth, "
     ".pth.tar from timm's train.py, .bin), a local path or s3:// URI, or timm:NAME.TAG (a timm "
     "model's pretrained weights on the Hugging Face Hub)"
 )
-ZIP_SUFFIX = ".zip"
-"""A zipped hub-form folder (a CDK directory asset: how ``cdk deploy`` stages a ``timm:`` init)."""
 _DATA_KEYS = ("mean", "std", "interpolation", "crop_pct")
 
 
