@@ -22,6 +22,7 @@ from training.common.names import (
     SAGEMAKER_SPEC_CHANNEL,
     TAG_CLUSTER,
 )
+from training.common.s3_init import is_file_init, is_s3_init
 from training.spec import DatasetSource, DatasetSpec, Role
 
 logger = logging.getLogger(__name__)
@@ -171,22 +172,44 @@ def grant_dataset_read(grantee: iam.IGrantable, dataset_uri: str) -> None:
     """Let ``grantee`` list and read the objects under ``dataset_uri`` (the spec's
     ``job.dataset.path`` with ``source = "s3"``, ``s3://bucket/prefix/``) and nothing else in
     that bucket: the trainer and the data servers read the images from S3 themselves."""
-    bucket, prefix = dataset_location(dataset_uri)
-    # The dataset bucket is the user's, not the stack's: its ARN is built, not referenced.
+    grant_prefix_read(grantee, dataset_uri, "Dataset")
+
+
+def init_read_uri(init: str | None) -> str | None:
+    """The ``s3://bucket/folder/`` the instances read an ``s3://`` ``job.model.init`` from in the
+    job ``cdk deploy`` starts (``hetero job start`` and ``sagemaker submit`` copy it into the
+    checkpoint bucket first: ``training.common.s3_init``): the init's folder, or the folder that
+    holds its file (the ``config.json`` beside a weights file is read too), or None."""
+    if not is_s3_init(init):
+        return None
+    uri = str(init).strip()
+    return uri.rsplit("/", 1)[0] + "/" if is_file_init(uri) else uri.rstrip("/") + "/"
+
+
+def grant_prefix_read(
+    grantee: iam.IGrantable, uri: str, name: str, *, listing: bool = True
+) -> None:
+    """``<name>Objects``: ``s3:GetObject`` on the objects under ``uri`` (``s3://bucket/prefix/``);
+    with ``listing``, ``<name>Listing``: ``s3:ListBucket`` on its bucket for that prefix only;
+    nothing else in that bucket."""
+    bucket, prefix = dataset_location(uri)
+    # The bucket is the user's, not the stack's: its ARN is built, not referenced.
     bucket_arn = f"arn:{Aws.PARTITION}:s3:::{bucket}"
     grantee.grant_principal.add_to_principal_policy(
         iam.PolicyStatement(
-            sid="DatasetObjects",
+            sid=f"{name}Objects",
             actions=["s3:GetObject"],
             resources=[f"{bucket_arn}/{prefix}*"],
         )
     )
+    if not listing:
+        return
     grantee.grant_principal.add_to_principal_policy(
         iam.PolicyStatement(
-            sid="DatasetListing",
+            sid=f"{name}Listing",
             actions=["s3:ListBucket"],
             resources=[bucket_arn],
-            # A dataset at the bucket's root lists with no prefix: no condition can apply.
+            # A prefix at the bucket's root lists with no prefix: no condition can apply.
             conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}} if prefix else None,
         )
     )

@@ -25,6 +25,8 @@ from infra.cluster import (
     SageMakerExecutionRole,
     dataset_read_uri,
     grant_dataset_read,
+    grant_prefix_read,
+    init_read_uri,
 )
 from infra.dashboard import ClusterDashboard
 from infra.init_asset import InitWeightsAsset
@@ -109,6 +111,13 @@ class ClusterStack(cdk.Stack):
         )
         if dataset_uri is not None:
             grant_dataset_read(self.instance_role.role, dataset_uri)
+        # An s3:// init: the job a deploy starts reads it where it is (hetero job start and
+        # sagemaker submit copy it into the checkpoint bucket instead: training/common/s3_init.py).
+        self.init_read_uri = init_read_uri(spec.job.model.init)
+        if self.init_read_uri is not None:
+            grant_prefix_read(
+                self.instance_role.role, self.init_read_uri, "InitWeights", listing=False
+            )
         # A timm: init, resolved here (the instances have no internet route) and deployed as
         # an asset the instances read: infra/init_asset.py.
         self.init_weights: InitWeightsAsset | None = None

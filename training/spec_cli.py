@@ -26,9 +26,8 @@ def s3_init_line(init: str) -> str:
         "job starts (hetero job start, hetero sagemaker submit: read with HeadObject, or "
         "ListObjectsV2 for a folder, then copied server-side with your credentials, once per "
         "version of it; an init under the checkpoint prefix is read where it is), and the job "
-        "reads that copy: the instances and SageMaker read only the checkpoint prefix. The job "
-        "cdk deploy starts reads it where it is, so start a fine-tune from another bucket with "
-        "hetero job start"
+        "reads that copy; the job cdk deploy starts reads it where it is (the stack grants the "
+        "instance role s3:GetObject on its folder)"
     )
 
 

@@ -265,5 +265,6 @@ def test_spec_check_says_the_init_will_be_copied_when_the_job_starts(
         "the job starts (hetero job start, hetero sagemaker submit: read with HeadObject, or "
         "ListObjectsV2 for a folder, then copied server-side with your credentials, once per "
         "version of it; an init under the checkpoint prefix is read where it is), and the job "
-        "reads that copy: the instances and SageMaker read only the checkpoint prefix."
+        "reads that copy; the job cdk deploy starts reads it where it is (the stack grants the "
+        "instance role s3:GetObject on its folder)"
     ) in out

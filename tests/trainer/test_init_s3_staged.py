@@ -67,3 +67,48 @@ def test_the_trainer_reads_the_staged_copy_with_the_sources_tensors_and_config(
     state = model.model.state_dict()
     body = [k for k in hub.state_dict if not k.startswith("head.")]
     assert body and all(torch.equal(state[k], hub.state_dict[k]) for k in body)
+
+
+@pytest.mark.parametrize(
+    ("init", "kept"),
+    [
+        ("s3://user-weights/vit/model.safetensors", FILES),
+        ("s3://user-weights/vit/", ("config.json", "pytorch_model.bin")),
+    ],
+)
+def test_the_job_a_deploy_starts_reads_the_source_where_it_is(
+    tmp_path: Path,
+    mock_s3: Any,
+    record_aws_calls: Callable[..., Path],
+    init: str,
+    kept: tuple[str, ...],
+) -> None:
+    """No copy (the pointer a deploy writes has no ``init_uri``): the trainer reads the user's
+    bucket itself, which the stack grants the instance role on the init's folder
+    (infra/stacks.py). A folder of ``pytorch_model.bin`` only: model.safetensors is tried first
+    and missing (404 here; 403 under the grant, which gives no listing: taken as missing too)."""
+    hub = write_hub_cache(tmp_path / "hf")
+    mock_s3.create_bucket(Bucket="user-weights")
+    if "pytorch_model.bin" in kept:
+        torch.save(hub.state_dict, tmp_path / "pytorch_model.bin")
+        mock_s3.upload_file(
+            str(tmp_path / "pytorch_model.bin"), "user-weights", "vit/pytorch_model.bin"
+        )
+    for name in ("config.json", "model.safetensors"):
+        if name in kept:
+            mock_s3.upload_file(str(hub.snapshot / name), "user-weights", f"vit/{name}")
+    record_aws_calls(
+        aws_calls.Names(
+            cluster="trainer-test", checkpoint_bucket="ckpt", init_bucket="user-weights"
+        ),
+        principal="instance",
+    )
+    spec = write_spec(tmp_path, model_keys=f'init = "{init}"')
+    model = started(spec, {})
+    assert model.weights is not None and model.weights.uri == init
+    weights = "model.safetensors" if "model.safetensors" in kept else "pytorch_model.bin"
+    assert model.weights.file == f"s3://user-weights/vit/{weights}"
+    assert model.weights.data_from == "the weights' config.json"
+    state = model.model.state_dict()
+    body = [k for k in hub.state_dict if not k.startswith("head.")]
+    assert body and all(torch.equal(state[k], hub.state_dict[k]) for k in body)

@@ -46,6 +46,17 @@ def s3_uri(bucket: str, key: str = "") -> str:
     return f"{SCHEME}{bucket}/{key}"
 
 
+DENIED = frozenset({"AccessDenied", "403", "Forbidden", "AllAccessDisabled"})
+"""Error codes S3 gives a request the caller may not make, and a missing key to a caller that
+may not list the bucket."""
+
+
+def is_denied(error: Exception) -> bool:
+    """Whether ``error`` (a botocore ``ClientError``) is S3's 403."""
+    response = getattr(error, "response", None) or {}
+    return response.get("Error", {}).get("Code") in DENIED
+
+
 def is_not_found(error: Exception) -> bool:
     """Whether ``error`` (a botocore ``ClientError``) says the object does not exist."""
     response = getattr(error, "response", None) or {}

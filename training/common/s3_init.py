@@ -28,6 +28,7 @@ from typing import Any
 from training.common.s3 import (
     NOT_FOUND,
     head_object,
+    is_denied,
     is_s3_uri,
     parse_s3_object,
     parse_s3_uri,
@@ -55,7 +56,6 @@ MAX_BYTES = 100 * 10**9
 MULTIPART_COPY_BYTES = 32 << 20
 """Objects above this are copied in parts of this size (``UploadPartCopy``, boto3's managed copy;
 CopyObject takes at most 5 GB), each part well within the client's read timeout."""
-_DENIED = frozenset({"AccessDenied", "403", "Forbidden", "AllAccessDisabled"})
 
 
 class S3InitError(ValueError):
@@ -191,7 +191,7 @@ def _optional_head(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
     try:
         return head_object(s3, bucket, key)
     except ClientError as e:
-        if _code(e) not in _DENIED:
+        if not is_denied(e):
             raise
         log.warning("job.model.init: s3://%s/%s cannot be read (%s): not copied", bucket, key, e)
         return None
@@ -252,7 +252,7 @@ def _read_error(uri: str, error: Exception) -> str:
         return f"job.model.init: no bucket for {uri} ({error}); fix job.model.init"
     if code in NOT_FOUND:
         return f"job.model.init: no object at {uri} ({error}); fix job.model.init"
-    if code in _DENIED:
+    if is_denied(error):
         return (
             f"job.model.init: your credentials cannot read {uri} ({error}); the job is started "
             "with a copy in the checkpoint bucket, made with them: allow them s3:GetObject on "

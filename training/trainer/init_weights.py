@@ -222,8 +222,10 @@ def _fetch_s3(uri: str, tmp: Path) -> tuple[Path, Path | None, str]:
         try:
             client.download_file(bucket, key, str(target))
         except ClientError as e:
-            if len(keys) > 1 and s3.is_not_found(e):
-                continue  # A folder: try its next weights file.
+            if len(keys) > 1 and (s3.is_not_found(e) or s3.is_denied(e)):
+                # A folder: try its next weights file (S3 answers 403 for a missing one to a
+                # reader that may not list the bucket: the deploy's grant, infra/stacks.py).
+                continue
             raise ConfigError([f"{INIT_FIELD} = {uri!r}: cannot download it: {e}"]) from e
         except BotoCoreError as e:
             raise ConfigError([f"{INIT_FIELD} = {uri!r}: cannot download it: {e}"]) from e
@@ -233,7 +235,7 @@ def _fetch_s3(uri: str, tmp: Path) -> tuple[Path, Path | None, str]:
         raise ConfigError(
             [
                 f"{INIT_FIELD} = {uri!r}: cannot download it: the folder has neither "
-                f"{' nor '.join(FOLDER_WEIGHTS)}; give {FORMS}"
+                f"{' nor '.join(FOLDER_WEIGHTS)} that these credentials can read; give {FORMS}"
             ]
         )
     config = tmp / CONFIG_FILE
