@@ -14,7 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prep",
         help="pack an ImageFolder (local or s3://) into tar shards and a manifest",
         description="Pack an ImageFolder (<class>/<image>, local or s3://) into WebDataset tar "
-        "shards plus manifest.json. Resumable: rerun the same command after an interruption.",
+        "shards plus manifest.json. Every image is decoded as the data servers decode it; one "
+        "that does not decode is left out and listed (--strict: the dataset is refused). "
+        "Resumable: rerun the same command after an interruption.",
     )
     p.add_argument("--src", required=True, help="the training ImageFolder: a folder or s3://")
     val = p.add_mutually_exclusive_group()
@@ -59,16 +61,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="ignore an earlier prep's state in --out and prepare from scratch",
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse the dataset if any image does not decode (default: leave such images out, "
+        "each listed here and in the manifest's excluded)",
+    )
     v = sub.add_parser(
         "verify",
         help="check a prepared dataset against its manifest",
         description="Check every shard of a prepared dataset against its manifest: present, "
-        "its size, its sha256 and where every sample is in it (exit 0: all well, 1: problems, "
-        "2: the manifest is unreadable or invalid).",
+        "its size, its sha256, where every sample is in it and that every sample's image "
+        "decodes (exit 0: all well, 1: problems, 2: the manifest is unreadable or invalid).",
     )
     v.add_argument("path", help="the prepared dataset's folder or manifest.json (local or s3://)")
     v.add_argument(
-        "--quick", action="store_true", help="only check each shard is there with its size"
+        "--quick",
+        action="store_true",
+        help="only check each shard is there with its size (no shard is read)",
     )
 
 
@@ -88,7 +98,7 @@ def run_prep(args: argparse.Namespace) -> int:
     # Deferred: the data package loads torch and torchvision, which `hetero dataset --help` and
     # the other subcommands need not.
     from training.data.prep import MIB, PrepRequest, prep
-    from training.data.prep_inputs import PrepError
+    from training.data.prep_inputs import PrepError, shown_path
 
     request = PrepRequest(
         src=args.src,
@@ -100,6 +110,7 @@ def run_prep(args: argparse.Namespace) -> int:
         read_threads=args.read_threads,
         restart=args.restart,
         shuffle_seed=args.shuffle_seed,
+        strict=args.strict,
     )
     try:
         result = prep(request)
@@ -113,13 +124,18 @@ def run_prep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"wrote {result.uri}")
+    print(f"wrote {shown_path(result.uri)}")
     if result.kept:
         kept, written = len(result.kept), len(result.written)
         print(f"  kept {kept} finished shards of an earlier run, wrote {written}")
     for name, index in result.manifest.splits.items():
         print(f"  {name}: {len(index)} samples in {len(index.shards)} shards")
     print(f"  classes: {len(result.manifest.classes)}")
+    excluded = result.manifest.excluded
+    if excluded:
+        print(f"  left out {len(excluded)} image(s) that do not decode (the manifest's excluded):")
+        for image in excluded:
+            print(f"    {image.path}: {image.reason}")
     print(f"manifest sha256 {result.sha256}")
     print(_pin(result.sha256))
     return 0
@@ -129,6 +145,7 @@ def run_verify(args: argparse.Namespace) -> int:
     # Deferred: the data package loads torch and torchvision, which `hetero dataset --help` and
     # the other subcommands need not.
     from training.data.manifest import ManifestError
+    from training.data.prep_inputs import shown_path
     from training.data.verify import MAX_PROBLEMS_SHOWN, verify
 
     try:
@@ -136,16 +153,16 @@ def run_verify(args: argparse.Namespace) -> int:
     except ManifestError as e:
         print(f"hetero dataset verify: {e}", file=sys.stderr)
         return 2
-    what = "sizes" if args.quick else "sizes, sha256s and sample offsets"
+    what = "sizes" if args.quick else "sizes, sha256s, sample offsets and image decodes"
     if report.problems:
-        print(f"{report.uri}: {len(report.problems)} problem(s)")
+        print(f"{shown_path(report.uri)}: {len(report.problems)} problem(s)")
         for problem in report.problems[:MAX_PROBLEMS_SHOWN]:
             print(f"  {problem}")
         more = len(report.problems) - MAX_PROBLEMS_SHOWN
         if more > 0:
             print(f"  ... and {more} more")
         return 1
-    print(f"{report.uri}: ok ({what} checked)")
+    print(f"{shown_path(report.uri)}: ok ({what} checked)")
     for name, index in report.manifest.splits.items():
         print(f"  {name}: {len(index)} samples in {len(index.shards)} shards")
     print(f"manifest sha256 {report.sha256}")

@@ -140,7 +140,7 @@ def test_prep_lands_every_image_once_with_its_label(
 
     assert main(["dataset", "verify", str(prepared)]) == 0
     assert capsys.readouterr().out == (
-        f"{uri}: ok (sizes, sha256s and sample offsets checked)\n"
+        f"{uri}: ok (sizes, sha256s, sample offsets and image decodes checked)\n"
         f"  train: 1437 samples in {len(manifest.splits['train'].shards)} shards\n"
         f"  val: 360 samples in {len(manifest.splits['val'].shards)} shards\n"
         f"manifest sha256 {digest}\n"
@@ -362,10 +362,13 @@ def test_verify_catches_a_flipped_byte(damaged: Path, capsys: pytest.CaptureFixt
     data[manifest.splits["train"].offset[first + 4] + 100] ^= 0x01  # inside an image
     shard.write_bytes(bytes(data))
     rc, out = run_verify(damaged, capsys)
+    # The image's PNG checksum no longer matches either: it does not decode.
     assert (rc, out) == (
         1,
-        f"{uri}: 1 problem(s)\n  train/train-000001.tar: sha256 {sha(bytes(data))}, the "
-        f"manifest says {manifest.splits['train'].shards[1].sha256}\n",
+        f"{uri}: 2 problem(s)\n  train/train-000001.tar: sha256 {sha(bytes(data))}, the "
+        f"manifest says {manifest.splits['train'].shards[1].sha256}\n"
+        f"  train/train-000001.tar: sample {first + 4}: {first + 4:08d}.png does not decode "
+        "(corrupt or truncated: broken PNG file (bad header checksum in b'IDAT'))\n",
     )
     # --quick checks sizes only: a flipped byte passes it.
     assert run_verify(damaged, capsys, "--quick")[0] == 0

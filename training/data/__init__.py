@@ -8,6 +8,7 @@ from training.data.datasets import (
     S3Images,
     SyntheticImages,
 )
+from training.data.decode import decode_image
 from training.data.loader import local_loader
 from training.data.order import batch_seed, epoch_order, epoch_seed
 from training.data.splits import (
@@ -18,4 +19,4 @@ from training.data.splits import (
     build_splits,
     split_indices,
 )
-from training.data.transforms import build_transform, decode_image
+from training.data.transforms import build_transform

@@ -10,12 +10,10 @@ import numpy as np
 from PIL import Image
 
 from training.data.datasets import ImageSource
-from training.data.transforms import Transform, decode_image
+from training.data.decode import DECODE_ERRORS, decode_image
+from training.data.transforms import Transform
 
 log = logging.getLogger(__name__)
-
-# What PIL raises for bytes that are not a decodable image (truncated, corrupt, not an image).
-DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 @dataclass

@@ -18,13 +18,17 @@ sample, readable by webdataset, wids and timm)::
                                       "sha256": "...", "first": 0, "count": 2391}, ...],
                           "offset": [1536, ...], "size": [110592, ...], "label": [0, ...]},
                 "val": {...}},
-     "source": "s3://bucket/imagenet/train/", "split": {"val_fraction": 0.02, "split_seed": 0}}
+     "source": "s3://bucket/imagenet/train/", "split": {"val_fraction": 0.02, "split_seed": 0},
+     "excluded": [{"path": "s3://bucket/imagenet/train/cat/0001.jpg",
+                   "reason": "corrupt or truncated: image file is truncated"}]}
 
 A split's samples are numbered ``0 .. n-1`` in shard order: shard ``k`` holds samples
 ``first_k .. first_k + count_k - 1``, contiguous and in order. ``offset[i]``/``size[i]`` are the
 byte range of sample ``i``'s image inside its shard (the tar member's data), ``label[i]`` its
 class index into ``classes``. Sample ids on the wire are these split indices, as with the other
-sources (``training/data/splits.py``).
+sources (``training/data/splits.py``). ``excluded``, present only when prep left files out, lists
+each source image prep found unreadable (``training/data/decode.py``) and did not pack: its path
+(bytes that are not UTF-8 shown as ``\\xNN``) and why.
 """
 
 from __future__ import annotations
@@ -105,21 +109,37 @@ class SplitIndex:
 
 
 @dataclass(frozen=True)
+class Excluded:
+    """A source image prep left out of the shards, and why."""
+
+    path: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class Manifest:
     classes: tuple[str, ...]
     splits: Mapping[str, SplitIndex]
     source: str = ""
     split: Mapping[str, Any] | None = None
     """How the split was made (``val_fraction`` and ``split_seed``, or ``val_path``)."""
+    excluded: tuple[Excluded, ...] = ()
+    """The source images prep found unreadable and left out."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        value: dict[str, Any] = {
             "format": FORMAT,
             "classes": list(self.classes),
             "splits": {name: s.to_json() for name, s in self.splits.items()},
             "source": self.source,
             "split": dict(self.split or {}),
         }
+        if self.excluded:  # absent when empty: a clean dataset's manifest is as it always was
+            value["excluded"] = [e.to_json() for e in self.excluded]
+        return value
 
     def dumps(self) -> bytes:
         """The manifest file's bytes (stable: the same manifest, the same checksum)."""
@@ -239,7 +259,17 @@ def parse_manifest(data: bytes, *, source: str = "manifest") -> Manifest:
         splits=splits,
         source=str(value.get("source", "")),
         split=split if isinstance(split, dict) else None,
+        excluded=_excluded(value.get("excluded", []), f"{source}: excluded", fix),
     )
+
+
+def _excluded(value: Any, where: str, fix: str) -> tuple[Excluded, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("reason"), str)
+        for e in value
+    ):
+        raise ManifestError(f'{where} must be a list of {{"path", "reason"}} strings; {fix}')
+    return tuple(Excluded(e["path"], e["reason"]) for e in value)
 
 
 def load_manifest(

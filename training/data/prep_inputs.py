@@ -2,7 +2,13 @@
 as the trainer lists them (``FolderImages`` / ``S3Images``: classes sorted, then files sorted),
 split into training and validation (``split_indices``, the trainer's own split for the same
 ``val_fraction``/``split_seed``, or a separate folder), each split in a seeded shuffled order
-(``shuffle_order``), and their images read concurrently, in order (``read_ordered``)."""
+(``shuffle_order``), and their images read concurrently, in order (``read_ordered``), each checked
+as it is read (``read_checked``: ``training/data/decode.py``).
+
+File names are taken as the filesystem gives them: bytes that are not UTF-8 are kept (Python's
+surrogate escapes) and shown as ``\\xNN`` (``shown_path``); only class folder names, which the
+manifest and the model keep as text, must be UTF-8, and prep refuses any other before it reads
+an image."""
 
 from __future__ import annotations
 
@@ -12,10 +18,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from training.common import s3
 from training.data.datasets import FolderImages, S3Images
+from training.data.decode import image_problem
+from training.data.manifest import Excluded
 from training.data.splits import check_same_classes, seeded_order, split_indices
 
 DEFAULT_READ_THREADS = 32
@@ -24,6 +32,26 @@ DEFAULT_READ_THREADS = 32
 
 class PrepError(ValueError):
     """The prep cannot go on as asked; the message says why and which flag to change."""
+
+
+class UnreadableImages(PrepError):
+    """Images that do not decode stop the prep (``--strict``, or a split with none readable);
+    the message lists every one, by path, with its reason."""
+
+    def __init__(self, headline: str, images: Sequence[Excluded]) -> None:
+        self.images = sorted(images, key=lambda e: e.path)
+        lines = "".join(f"\n  {e.path}: {e.reason}" for e in self.images)
+        super().__init__(f"{headline}:{lines}")
+
+
+def shown_path(path: str) -> str:
+    """``path`` as text that can be printed and stored anywhere: bytes of a file name that are
+    not UTF-8 (kept by Python as surrogate escapes) written as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _is_text(name: str) -> bool:
+    return shown_path(name) == name
 
 
 @dataclass
@@ -35,15 +63,26 @@ class SplitSource:
     names: list[str]
     """Each sample's name relative to its root (``<class>/<file>``): the inputs' identity."""
     read: Callable[[str], bytes]
+    root: str
+    """The ImageFolder's absolute path or ``s3://`` prefix, ending in ``/``."""
 
     def ext(self, index: int) -> str:
         return Path(self.items[index][0]).suffix.lstrip(".").lower()
+
+    def path(self, index: int) -> str:
+        """Where sample ``index`` is, as messages and the manifest show it (``shown_path``)."""
+        return shown_path(self.root + self.names[index])
+
+    def read_checked(self, location: str) -> tuple[bytes, str | None]:
+        """The image at ``location`` and why it does not decode (None: it does)."""
+        data = self.read(location)
+        return data, image_problem(data)
 
     def pick(self, name: str, indices: Iterable[int]) -> SplitSource:
         """Split ``name``: this one's samples ``indices``, in that order."""
         picked = [int(i) for i in indices]
         items, names = [self.items[i] for i in picked], [self.names[i] for i in picked]
-        return SplitSource(name, items, names, self.read)
+        return SplitSource(name, items, names, self.read, self.root)
 
 
 def list_images(
@@ -60,14 +99,33 @@ def list_images(
                 return bytes(s3c.get_object(Bucket=bucket, Key=key)["Body"].read())
 
             names = [key[len(prefix) :] for key, _ in images.keys]
-            return list(images.classes), SplitSource(split, list(images.keys), names, read_s3)
+            source = SplitSource(
+                split, list(images.keys), names, read_s3, f"s3://{bucket}/{prefix}"
+            )
+            return list(images.classes), source
         folder = FolderImages(uri, field=flag)
     except ValueError as e:
         raise PrepError(str(e)) from None
+    _check_class_names(folder, flag)
     root = str(folder.root)
     items = [(path, label) for path, label in folder.samples]
     names = [os.path.relpath(path, root).replace(os.sep, "/") for path, _ in items]
-    return list(folder.classes), SplitSource(split, items, names, lambda p: Path(p).read_bytes())
+    where = str(folder.root.resolve()).rstrip("/") + "/"
+    source = SplitSource(split, items, names, lambda p: Path(p).read_bytes(), where)
+    return list(folder.classes), source
+
+
+def _check_class_names(folder: FolderImages, flag: str) -> None:
+    """Refuse class folders whose names are not UTF-8: the manifest and the exported model keep
+    the class names as text."""
+    bad = [shown_path(str(folder.root / c)) for c in folder.classes if not _is_text(c)]
+    if bad:
+        raise PrepError(
+            f"{flag}: the names of class folder(s) {', '.join(bad)} are not UTF-8, and class "
+            "names are kept as text (the manifest's classes, the model's labels); rename them "
+            "in UTF-8 (e.g. `convmv -f <their encoding> -t utf8 --notest -r "
+            f"{shown_path(str(folder.root))}`)"
+        )
 
 
 _SHUFFLE_TAG = 0x5A4D
@@ -110,11 +168,14 @@ def plan_splits(
     return classes, [s.pick(s.name, shuffle_order(len(s.items), shuffle_seed)) for s in splits]
 
 
+T = TypeVar("T")
+
+
 def read_ordered(
-    read: Callable[[str], bytes], locations: Sequence[str], pool: ThreadPoolExecutor, window: int
-) -> Iterator[bytes]:
-    """Each location's bytes, in order, with up to ``window`` reads in flight."""
-    pending: deque[Future[bytes]] = deque()
+    read: Callable[[str], T], locations: Sequence[str], pool: ThreadPoolExecutor, window: int
+) -> Iterator[T]:
+    """Each location's ``read``, in order, with up to ``window`` reads in flight."""
+    pending: deque[Future[T]] = deque()
     it = iter(locations)
     for loc in it:
         pending.append(pool.submit(read, loc))

@@ -43,6 +43,11 @@ class LocalOutput(LocalFolder):
         os.replace(self.root / f"{record.name}.partial", self.root / record.name)
         return record
 
+    def discard(self, f: IO[bytes], name: str) -> None:
+        """Close ``f`` (from ``open_shard``) and drop what was written to it."""
+        f.close()
+        (self.root / f"{name}.partial").unlink(missing_ok=True)
+
     def intact(self, record: ShardRecord) -> bool:
         """Whether the shard ``record`` describes is still there, unchanged."""
         path = self.root / record.name
@@ -66,6 +71,9 @@ class S3Output(S3Folder):
             raise PrepError(f"{self.url(record.name)} is not the shard just uploaded")
         record.etag = str(head["ETag"])
         return record
+
+    def discard(self, f: IO[bytes], name: str) -> None:
+        f.close()  # a temporary file: closing removes it
 
     def intact(self, record: ShardRecord) -> bool:
         head = self.head(record.name)

@@ -11,7 +11,7 @@ import hashlib
 import io
 import tarfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 _BLOCK = tarfile.BLOCKSIZE
@@ -103,6 +103,14 @@ class ShardRecord:
     """Each sample's image size (their offsets follow: ``image_offsets``)."""
     etag: str = ""
     """The S3 object's ETag (S3 outputs only): how a resume knows the object is unchanged."""
+    excluded: list[tuple[int, str]] = field(default_factory=list)
+    """The source images (position in the split's order, reason) found unreadable and left out
+    while this shard was written: its samples and these are the split's next ``consumed``."""
+
+    @property
+    def consumed(self) -> int:
+        """How many of the split's source images this shard went through."""
+        return self.count + len(self.excluded)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -116,6 +124,8 @@ class ShardRecord:
         }
         if self.etag:
             out["etag"] = self.etag
+        if self.excluded:
+            out["excluded"] = [[position, reason] for position, reason in self.excluded]
         return out
 
     @classmethod
@@ -129,6 +139,7 @@ class ShardRecord:
             count=int(value["count"]),
             size=[int(v) for v in value["size"]],
             etag=str(value.get("etag", "")),
+            excluded=[(int(p), str(r)) for p, r in value.get("excluded", [])],
         )
 
 

@@ -10,7 +10,6 @@ parameters (``{"train": {...}}``) or of the eval transform (``{"eval": {...}}``)
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -182,11 +181,3 @@ def build_transform(recipe: TransformSpec | Recipe | str, image_size: int) -> Tr
                 for op in step.ops:
                     op.magnitude_max = _RANDAUGMENT_MAGNITUDE_MAX
     return transform
-
-
-def decode_image(data: bytes) -> Image.Image:
-    """Decode JPEG/PNG/... bytes into an RGB PIL image; raises ``OSError`` (PIL's
-    ``UnidentifiedImageError`` included) if the bytes are not a readable image."""
-    image = Image.open(io.BytesIO(data))
-    # convert() forces the full decode here, so a truncated file fails here, not later.
-    return image.convert("RGB")

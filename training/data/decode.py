@@ -1,0 +1,75 @@
+"""What a readable image is: the one decode the data servers run on every sample
+(``decode_image``, through ``training/data/augment.py``) and the check ``hetero dataset prep``
+and ``verify`` make of every image (``image_problem``), with the same limits.
+
+The limits are PIL's defaults, held here so that both sides apply the same ones whatever PIL's
+module globals are: an image of more than ``MAX_PIXELS`` pixels is a decompression bomb
+(PIL raises ``DecompressionBombError`` above twice ``Image.MAX_IMAGE_PIXELS``, 89,478,485), and
+every mode PIL converts to RGB (CMYK, RGBA, 16-bit, palette, 1-bit, ...) is decoded.
+"""
+
+from __future__ import annotations
+
+import io
+
+from PIL import Image, UnidentifiedImageError
+
+MAX_PIXELS = 178_956_970
+"""The most pixels an image may declare: PIL's decompression-bomb error threshold (twice its
+default ``Image.MAX_IMAGE_PIXELS``)."""
+
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+"""What PIL raises for bytes that are not a decodable image (truncated, corrupt, not an image)."""
+
+EMPTY = "empty file"
+NOT_AN_IMAGE = "not an image"
+TOO_MANY_PIXELS = "too many pixels"
+CORRUPT = "corrupt or truncated"
+"""The kinds of unreadable image ``image_problem`` names, each its reason's first words."""
+
+
+def _open(data: bytes) -> Image.Image:
+    """``data`` opened (its header read) and checked against ``MAX_PIXELS``."""
+    image = Image.open(io.BytesIO(data))
+    if image.width * image.height > MAX_PIXELS:
+        raise Image.DecompressionBombError(
+            f"{image.width}x{image.height} is {image.width * image.height} pixels, more than "
+            f"the {MAX_PIXELS} a data server decodes"
+        )
+    return image
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """Decode JPEG/PNG/... bytes into an RGB PIL image; raises one of ``DECODE_ERRORS`` (PIL's
+    ``UnidentifiedImageError`` and ``DecompressionBombError`` included) if the bytes are not a
+    readable image."""
+    # convert() forces the full decode here, so a truncated file fails here, not later.
+    return _open(data).convert("RGB")
+
+
+def image_problem(data: bytes) -> str | None:
+    """Why ``data`` is not an image a data server can decode (a reason starting with one of
+    ``EMPTY``, ``NOT_AN_IMAGE``, ``TOO_MANY_PIXELS``, ``CORRUPT``), or None when it is. Checks
+    the header and size, the format's own integrity check (PIL's ``verify``: PNG checksums)
+    and the full decode the data servers make."""
+    if not data:
+        return EMPTY
+    try:
+        image = _open(data)
+    except UnidentifiedImageError:
+        # PIL's message names an in-memory file object: nothing the user can act on.
+        return f"{NOT_AN_IMAGE}: no image format recognises its bytes"
+    except Image.DecompressionBombError as e:
+        return f"{TOO_MANY_PIXELS}: {e}"
+    except DECODE_ERRORS as e:
+        return _corrupt(e)
+    try:
+        image.verify()
+        decode_image(data)
+    except DECODE_ERRORS as e:
+        return _corrupt(e)
+    return None
+
+
+def _corrupt(error: Exception) -> str:
+    return f"{CORRUPT}: {error or type(error).__name__}"
