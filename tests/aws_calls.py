@@ -14,8 +14,9 @@ run: ``{cluster}`` (the spec's name), ``{checkpoints}`` (the checkpoint bucket),
 (the dataset's bucket) and ``{dataset_root}`` (its key prefix), ``{init}`` (the bucket of an
 ``s3://`` ``job.model.init`` copied into the checkpoint bucket, training/common/s3_init.py),
 ``{instance}`` (an instance id), ``{n}`` (a number in a key, a prefix or a job name: steps,
-ranks, shards), a key's job folder under ``checkpoints/`` becomes ``{job}``, and a sha256 in a
-key (a staged init's folder, ``checkpoints/init/<sha256>/``) ``{digest}``. Parameters that
+ranks, shards), a key's job folder under ``checkpoints/`` becomes ``{job}``, a sha256 in a
+key (a staged init's folder, ``checkpoints/init/<sha256>/``) ``{digest}``, and a TensorBoard
+event file's name after ``events.out.tfevents.`` (its time and host) ``{host}``. Parameters that
 decide neither resource nor condition (sizes, checksums, tokens) go.
 """
 
@@ -63,8 +64,13 @@ _NUMBER = re.compile(r"\d+")
 # The job ids of training.common.jobparam: a deploy's and a `hetero job start`'s.
 _JOB_ID = re.compile(r"\b(?:d-[0-9a-f]{12}|j-\d{8}T\d{6}-[0-9a-z]+)\b")
 _PLACEHOLDER = re.compile(r"(\{[a-z_]+\})")
-# A job's folder under checkpoints/ (not init/: staged timm: inits, training/common/timm_hub.py).
-_JOB_FOLDER = re.compile(r"^(checkpoints/(?:sagemaker/)?)(?!init/)[^/{]+(/|$)")
+# A job's folder under checkpoints/ (not init/: staged timm: inits, training/common/timm_hub.py;
+# nor tensorboard/, the jobs' event files: training/trainer/tensorboard_log.py).
+_JOB_FOLDER = re.compile(
+    r"^(checkpoints/(?:sagemaker/)?)(?!init/|tensorboard/|sagemaker/)[^/{]+(/|$)"
+)
+# A TensorBoard event file's name: its time, the host's name, a pid and a counter.
+_EVENTS = re.compile(r"(?<=/)events\.out\.tfevents\.[^/]+$")
 _SHA256 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 
 
@@ -95,7 +101,7 @@ class Names:
         root = self.dataset.removeprefix("s3://").partition("/")[2] if self.dataset else ""
         if root and key.startswith(root):
             return "{dataset_root}/" + key[len(root) :]
-        key = _SHA256.sub("{digest}", key)
+        key = _EVENTS.sub("events.out.tfevents.{host}", _SHA256.sub("{digest}", key))
         return _JOB_ID.sub("{job}", _JOB_FOLDER.sub(r"\1{job}\2", key))
 
 

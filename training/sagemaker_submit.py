@@ -67,6 +67,8 @@ from training.common.s3_init import (
     is_s3_init,
     plan_s3_init,
 )
+from training.common.tensorboard_paths import FOLDER as TB_FOLDER
+from training.common.tensorboard_paths import tensorboard_uri
 from training.common.timm_hub import (
     HubInitError,
     StagedInit,
@@ -77,7 +79,7 @@ from training.common.timm_hub import (
     resolve_timm_init,
     upload_staged,
 )
-from training.launcher.plan import SAGEMAKER_CHECKPOINT_DIR
+from training.launcher.plan import SAGEMAKER_CHECKPOINT_DIR, SAGEMAKER_OUTPUT_DIR
 from training.prices import pricing_client
 from training.sagemaker_budget import PriceError, price_job, runtime_limit
 from training.spec import ClusterSpec, DatasetSource, InstanceGroup, Market, load_spec
@@ -587,6 +589,13 @@ def build_plan(
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": managed_spot,
         "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": SAGEMAKER_CHECKPOINT_DIR},
+        # The trainer's event files (its run folder is SAGEMAKER_OUTPUT_DIR): SageMaker's own
+        # TensorBoard finds them here, and SageMaker syncs them to the same S3 folder the
+        # trainer uploads them to (training/trainer/tensorboard_log.py).
+        "TensorBoardOutputConfig": {
+            "LocalPath": f"{SAGEMAKER_OUTPUT_DIR}/{TB_FOLDER}",
+            "S3OutputPath": tensorboard_uri(checkpoint_uri),
+        },
         "Environment": {
             ENV_SPEC: f"{CONTAINER_INPUT_DIR}/{SAGEMAKER_SPEC_CHANNEL}/{spec_file_name}",
             ENV_CHECKPOINT_URI: checkpoint_uri,

@@ -114,6 +114,11 @@ def expected_request(*, managed_spot: bool, trainers: int = 2) -> dict[str, Any]
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": managed_spot,
         "CheckpointConfig": {"S3Uri": CHECKPOINT_URI, "LocalPath": "/opt/ml/checkpoints"},
+        # The trainer's event files, beside every job's: SageMaker's TensorBoard reads them.
+        "TensorBoardOutputConfig": {
+            "LocalPath": "/opt/ml/output/data/tensorboard",
+            "S3OutputPath": f"s3://{BUCKET}/checkpoints/sagemaker/tensorboard/{JOB}/",
+        },
         "Environment": {
             "HETERO_SPEC": "/opt/ml/input/data/spec/vit.toml",
             "HETERO_CHECKPOINT_URI": CHECKPOINT_URI,

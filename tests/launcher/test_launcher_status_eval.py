@@ -218,3 +218,23 @@ def test_no_data_tier_section_without_an_elastic_group_or_decisions(
     assert decision_text({"step": 7, "from_count": 2, "to_count": 1, "acted": True}) == (
         "step 7: 2 -> 1, acted"
     )
+
+
+def test_status_tensorboard_prints_the_command_for_the_stack_and_the_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``hetero status --tensorboard --checkpoint-uri URI``: the two commands, nothing asked of
+    AWS; a job without S3 checkpoints has no events there, and says so."""
+    from training.cli import main
+
+    spec = str(REPO / "specs" / "rehearsal.toml")
+    uri = "s3://vit-ckpt/checkpoints/j-20261129T101500-ab12/"
+    assert main(["status", "--spec", spec, "--tensorboard", "--checkpoint-uri", uri]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "every job of the stack: tensorboard --logdir s3://vit-ckpt/checkpoints/tensorboard/",
+        "this job: tensorboard --logdir "
+        "s3://vit-ckpt/checkpoints/tensorboard/j-20261129T101500-ab12/",
+        "(TensorBoard reads S3 with your AWS credentials: AWS_REGION or AWS_DEFAULT_REGION set)",
+    ]
+    assert main(["status", "--spec", spec, "--tensorboard", "--checkpoint-uri", "/ckpt"]) == 0
+    assert capsys.readouterr().out.startswith("no TensorBoard events in S3: the checkpoints are")

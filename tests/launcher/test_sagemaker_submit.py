@@ -216,6 +216,9 @@ def test_explicit_names_and_times(aws: Aws, tmp_path: Path) -> None:  # noqa: F8
     )
     request["OutputDataConfig"] = {"S3OutputPath": f"s3://{BUCKET}/sagemaker/vit-run-7/output/"}
     request["CheckpointConfig"]["S3Uri"] = checkpoint
+    request["TensorBoardOutputConfig"]["S3OutputPath"] = (
+        f"s3://{BUCKET}/checkpoints/sagemaker/tensorboard/vit-run-7/"
+    )
     request["Environment"]["HETERO_CHECKPOINT_URI"] = checkpoint
     request["StoppingCondition"] = {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 3600}
     request["ResourceConfig"]["VolumeSizeInGB"] = 200

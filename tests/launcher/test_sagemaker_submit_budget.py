@@ -368,6 +368,10 @@ def test_resume_continues_the_earlier_jobs_checkpoints(
     _expect_prices(aws)
     request = stopping(9554, 19108)
     request["CheckpointConfig"]["S3Uri"] = EARLIER_URI
+    # The resumed job's curves go on in the earlier job's folder.
+    request["TensorBoardOutputConfig"]["S3OutputPath"] = (
+        f"s3://{BUCKET}/checkpoints/sagemaker/tensorboard/{EARLIER}/"
+    )
     request["Environment"]["HETERO_CHECKPOINT_URI"] = EARLIER_URI
     _expect_job(aws, text, request)
     assert submit_spec(aws, write_spec(tmp_path, text), resume=EARLIER) == 0

@@ -59,3 +59,17 @@ def assert_exactly_once_and_equal(report: dict[str, Any]) -> None:
         e["lost"] == 0 and e["repeated"] == 0 for e in report["samples"]
     ), report["samples"]
     assert report["params_equal_uninterrupted"] is True, report["params_comparison"]
+
+
+def assert_tensorboard_once_per_step(out: Path) -> None:
+    """The job's event files, as the rehearsal downloaded them from S3: every generation's rank 0
+    uploaded its own, and TensorBoard's reader (``purge_step`` of each resumed writer) finds each
+    step's loss once, from step 1 to the last: no gap, no repeat across the interruptions."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (job,) = [p for p in (out / "tensorboard").iterdir() if p.is_dir()]
+    acc = EventAccumulator(str(job), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("train/loss")]
+    assert steps == list(range(1, STEPS + 1)), steps
+    assert [e.step for e in acc.Scalars("val/top1")] == [8, 16, 24]

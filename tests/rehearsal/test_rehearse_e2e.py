@@ -26,6 +26,7 @@ from .cli_run import (
     TIMEOUT_S,
     assert_clean_end,
     assert_exactly_once_and_equal,
+    assert_tensorboard_once_per_step,
     context,
     rehearse,
 )
@@ -98,6 +99,8 @@ def test_interruptions_of_a_member_then_the_leader_and_a_data_server_loss(
     assert_exactly_once_and_equal(report)
     # A notice costs no step: the trainer checkpoints at the next step boundary.
     assert report["steps_lost"] == 0, why
+    # Three generations, two rank 0 hosts: the TensorBoard curves go on with no gap or repeat.
+    assert_tensorboard_once_per_step(out)
     notices = [i for i in report["interruptions"] if i["fault"].startswith("interrupt")]
     assert [n["state"] for n in notices] == ["done", "done"]
     assert all(n["recovery_seconds"] is not None and n["recovery_seconds"] < 120 for n in notices)

@@ -17,6 +17,7 @@ from .cli_run import (
     TIMEOUT_S,
     assert_clean_end,
     assert_exactly_once_and_equal,
+    assert_tensorboard_once_per_step,
     context,
     rehearse,
 )
@@ -109,3 +110,5 @@ def test_five_crashes_and_a_hung_rank_with_checkpoints_between_them_do_not_end_t
     (rank,) = hang["ranks"]
     assert (rank["rank"], rank["phase"]) == (1, "train") and 4 <= rank["step"] < 11, rank
     assert (rank["asked"], rank["answered"], rank["process"]) == (True, False, "stopped"), rank
+    # Six generations with rollbacks: the TensorBoard curves have each step once.
+    assert_tensorboard_once_per_step(out)

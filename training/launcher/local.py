@@ -24,6 +24,8 @@ from pathlib import Path
 import grpc
 
 from training.common.hosts import LOOPBACK
+from training.common.tensorboard_paths import FOLDER as TB_FOLDER
+from training.common.tensorboard_paths import logdir_command
 from training.dataplane.autoscale import policy_for
 from training.launcher import roles
 from training.launcher.local_tier import LocalDataTier, reports_serving
@@ -334,6 +336,7 @@ def _run_trainer(
         autoscale=f"file:{tier.desired_file.resolve()}" if tier else "",
     )
     log.info("trainer: %d process(es), %d data server(s); output in %s", n, len(servers), run_dir)
+    log.info("watch it live: %s", logdir_command((run_dir / TB_FOLDER).resolve()))
     env = dict(os.environ)
     if visible_gpus() == 0 and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks share the cores with the data servers; torchrun with one rank does not limit
@@ -379,3 +382,5 @@ def _print_summary(summary: LocalRunSummary, run_dir: Path) -> None:
     print(f"  run folder: {run_dir.resolve()}")
     for p in outputs:
         print(f"    {p.name}")
+    if (run_dir / TB_FOLDER).is_dir():
+        print(f"  TensorBoard: {logdir_command((run_dir / TB_FOLDER).resolve())}")

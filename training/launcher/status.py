@@ -34,6 +34,7 @@ from training.common.jobparam import (
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_CHECKPOINT_URI, asg_name, job_parameter_name
 from training.common.s3 import is_s3_uri, parse_s3_uri, s3_uri
+from training.common.tensorboard_paths import every_job_uri, logdir_command, tensorboard_uri
 from training.launcher.bill import bill_lines, job_bill
 from training.launcher.budget import Budget, parse_started
 from training.launcher.deploy_prices import recorded_prices
@@ -414,10 +415,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"${ENV_CHECKPOINT_URI}, else the spec's job.checkpoint.dir)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="print the tensorboard command that shows this stack's jobs (their event files "
+        "in S3, beside the checkpoints) and nothing else",
+    )
+
+
+def tensorboard_lines(checkpoint_uri: str | None) -> list[str]:
+    """The commands that show the job's event files and every job's, or why there are none."""
+    if not checkpoint_uri or not is_s3_uri(checkpoint_uri):
+        return [
+            f"no TensorBoard events in S3: the checkpoints are at {checkpoint_uri or 'no URI'}; "
+            "a local run's are in its run folder (hetero local prints the command)"
+        ]
+    return [
+        f"every job of the stack: {logdir_command(every_job_uri(checkpoint_uri))}",
+        f"this job: {logdir_command(tensorboard_uri(checkpoint_uri))}",
+        "(TensorBoard reads S3 with your AWS credentials: AWS_REGION or AWS_DEFAULT_REGION set)",
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    if args.tensorboard:
+        uri = args.checkpoint_uri or os.environ.get(ENV_CHECKPOINT_URI, "").strip() or None
+        if args.checkpoint_uri is None:
+            try:  # the current job's, as the job pointer names it
+                name = job_parameter_name(spec.name)
+                uri = read_job_pointer(client("ssm", attempts=MAX_ATTEMPTS), name).checkpoint_uri
+            except JobParameterNotFound:
+                pass
+        print("\n".join(tensorboard_lines(uri)))
+        return 0
     status = collect(
         spec,
         checkpoint_uri=args.checkpoint_uri,

@@ -26,7 +26,9 @@ from typing import Any
 
 from training.common import call_log
 from training.common.jobrecord import JobRecord
+from training.common.names import CHECKPOINT_PREFIX
 from training.common.steps import MARKER, step_name, step_of
+from training.common.tensorboard_paths import FOLDER as TB_FOLDER
 from training.data.order import order_for
 from training.data.splits import Split, build_split
 from training.rehearsal import audit, params, report
@@ -277,6 +279,7 @@ def run_once(options: RehearsalOptions, spec: ClusterSpec) -> dict[str, Any]:
         final = audit.final_step(records)
         facts["final_step"] = final
         facts["final_checkpoint"] = _save_final_checkpoint(aws, names, out, final, events)
+        facts["tensorboard"] = _save_tensorboard(aws, names, out, events)
         facts["s3_proxy"] = {"connections": proxy.connections, "reset": proxy.refused}
     finally:
         if injector is not None and injector.is_alive():
@@ -449,6 +452,19 @@ def _save_final_checkpoint(
         "complete_steps_in_s3": steps,
         "matches_final_step": step == final_step,
     }
+
+
+def _save_tensorboard(
+    aws: AwsEmulator, names: ClusterNames, out: Path, events: EventLog
+) -> str | None:
+    """Download every job's TensorBoard event files from the emulated S3 into
+    ``<out>/tensorboard/<job>/`` (``training.common.tensorboard_paths``); the folder, or None
+    when there were none."""
+    prefix = f"{CHECKPOINT_PREFIX}/{TB_FOLDER}/"
+    dest = out / TB_FOLDER
+    files = aws.download_prefix(names.bucket, prefix, dest)
+    events.add("tensorboard", f"downloaded {files} event file(s) to {dest}")
+    return str(dest) if files else None
 
 
 def _rounded(t: float | None) -> float | None:

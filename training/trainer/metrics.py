@@ -35,6 +35,7 @@ from rich.table import Table
 from training.common.files import write_atomically
 from training.common.names import LAST_EVAL_FILE
 from training.trainer.emf import emf_document, eval_emf_document, write_emf
+from training.trainer.tensorboard_log import TensorBoardLog
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -183,9 +184,12 @@ class MetricsLogger:
         rank: int,
         device: torch.device,
         emf_cluster: str | None = None,
+        tensorboard: TensorBoardLog | None = None,
     ) -> None:
         """``emf_cluster``: print EMF lines with this ``Cluster`` dimension (rank 0 only);
-        None: none."""
+        None: none. ``tensorboard``: rank 0's event files (``tensorboard_log``), given a copy of
+        every record."""
+        self.tensorboard = tensorboard if rank == 0 else None
         self.run_dir = run_dir
         self.facts = facts
         self.rank = rank
@@ -214,12 +218,13 @@ class MetricsLogger:
         epoch: int,
         checkpoint_age_s: float | None = None,
         extra: Mapping[str, Any] | None = None,
+        lrs: Sequence[float] = (),
     ) -> dict[str, Any]:
         """Record one interval (``loss``, over its applied steps, and ``data_wait_share``
         already averaged over ranks; ``interval``'s gradient norms and skipped steps as they are;
         ``checkpoint_age_s``: seconds since the newest durable checkpoint, None if none;
         ``extra``: more fields, e.g. the data tier's ``data_servers`` and
-        ``data_servers_target``)."""
+        ``data_servers_target``; ``lrs``: each param group's learning rate, for TensorBoard)."""
         elapsed = max(time.perf_counter() - interval.started, 1e-9)
         steps = max(interval.steps, 1)
         samples_per_s = self.facts.global_batch * steps / elapsed
@@ -262,6 +267,8 @@ class MetricsLogger:
             )
         if self.rank == 0 and self.emf_cluster is not None:
             _write_emf(emf_document(record, cluster=self.emf_cluster), "metrics")
+        if self.tensorboard is not None:
+            self.tensorboard.train(record, lrs)
         return record
 
     def log_eval(
@@ -297,6 +304,8 @@ class MetricsLogger:
         self._console.print(eval_line(record), highlight=False, soft_wrap=True)
         accuracy = accuracy_summary(self.evals, self.facts.accuracy_targets)
         reached = [t["target"] for t in (accuracy or {}).get("targets", []) if t["reached"]]
+        if self.tensorboard is not None:
+            self.tensorboard.validation(record, reached)
         try:
             write_atomically(
                 self.run_dir / LAST_EVAL_FILE,
@@ -333,6 +342,8 @@ class MetricsLogger:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         return summary
 
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import resource
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -32,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome, RankOutcome
 from training.common.progress import ProgressWriter
+from training.common.tensorboard_paths import tensorboard_uri
 from training.data import Batch
 from training.dataplane.autoscale import Autoscaler, actuator_from_arg, policy_for
 from training.dataplane.client import DataWaitInterrupted
@@ -40,6 +39,7 @@ from training.trainer.checkpoint_policy import CheckpointPolicy
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.data_config import job_data_config
+from training.trainer.distributed import DistEnv, gloo_group, init_distributed
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
 from training.trainer.export import export_trained
@@ -72,61 +72,10 @@ from training.trainer.recipe import (
 from training.trainer.sample_log import SampleLog
 from training.trainer.signals import StopSignal
 from training.trainer.stream import BatchStream, DataInterrupted, EndOfData, to_device
+from training.trainer.tensorboard_log import TensorBoardLog, run_text
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """This process's place in the job, from torchrun's environment (one process without it)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        return cls(
-            rank=int(os.environ.get("RANK", "0")),
-            world_size=world,
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
-        )
-
-
-def init_distributed(env: DistEnv, timeout_s: float = 60.0) -> tuple[torch.device, bool]:
-    """Join the process group (NCCL on GPU, gloo on CPU) unless already in one; returns the
-    device and whether this call created the group (and so must destroy it). A collective
-    that waits for a peer longer than ``timeout_s`` fails (NCCL's default is 10-30 minutes)."""
-    if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if dist.is_initialized():
-        return device, False
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = timedelta(seconds=timeout_s)
-    if "MASTER_ADDR" not in os.environ and env.world_size == 1:
-        # A single process without torchrun: an in-memory store, no port to open.
-        dist.init_process_group(
-            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
-        )
-    else:
-        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, timeout=timeout, **kwargs)
-    return device, True
-
-
-def gloo_group(timeout_s: float) -> dist.ProcessGroup:
-    """A new CPU group over every rank whose collectives wait at most ``timeout_s`` (all ranks
-    must create it, in the same order)."""
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    assert isinstance(group, dist.ProcessGroup)
-    return group
 
 
 class Trainer:
@@ -238,9 +187,13 @@ class Trainer:
             else None
         )
         self.state_bytes: dict[str, int] = {}
+        s3_uri = config.checkpoint.s3_uri
         self.metrics = MetricsLogger(
             config.run_dir, self._facts(), rank=self.rank, device=self.device,
             emf_cluster=config.emf_cluster,
+            tensorboard=TensorBoardLog(
+                config.run_dir, upload_uri=tensorboard_uri(s3_uri) if s3_uri else None
+            ),
         )  # fmt: skip
 
     def _facts(self) -> RunFacts:
@@ -348,6 +301,7 @@ class Trainer:
         c = self.config
         self.resume()
         self.progress.beat(self.step, "resumed")
+        self._start_tensorboard()
         job = c.spec.job
         start_step = self.step
         started = time.perf_counter()
@@ -380,6 +334,7 @@ class Trainer:
                     interval.data_wait_s += time.perf_counter() - t0
                     if micro == 0:
                         epoch = self.inputs.epoch  # the epoch this step's first batch is from
+                        self._show_inputs(batch)
                     step_ids.append(batch.sample_ids)
                     last_micro = micro == c.grad_accum_steps - 1
                     step_loss += self._micro_step(batch, sync=last_micro, micro=micro)
@@ -613,13 +568,45 @@ class Trainer:
         self.metrics.log(
             self.step, interval, loss=loss, lr=lr, data_wait_share=wait_share,
             epoch=self.inputs.epoch, checkpoint_age_s=self.policy.checkpoint_age_s(),
-            extra=extra,
+            extra=extra, lrs=[float(g["lr"]) for g in self.optimizer.param_groups],
         )  # fmt: skip
+        if self.metrics.tensorboard is not None:
+            self.metrics.tensorboard.checkpointed(self.policy.checkpoint_step)
+
+    def _start_tensorboard(self) -> None:
+        """Rank 0 opens its event files at the step it resumed at, with the spec and the run's
+        layout as text."""
+        tb = self.metrics.tensorboard
+        if tb is None:
+            return
+        tb.start(self.step)
+        c = self.config
+        try:
+            spec_text = Path(c.spec.source).read_text()
+        except OSError:
+            spec_text = repr(c.spec)
+        tb.text("spec", "```toml\n" + spec_text + "\n```")
+        layout = {
+            "world_size": self.world_size, "strategy": str(self.dims.strategy),
+            "mesh": [self.dims.replicate, self.dims.shard],
+            "global_batch": self.metrics.facts.global_batch, "total_steps": c.total_steps,
+            "resumed_at_step": self.step, "recipe": recipe_summary(c.spec.job, self.world_size),
+            "data_config": self.data.as_dict(),
+        }  # fmt: skip
+        tb.text("run", run_text(layout))
+
+    def _show_inputs(self, batch: Batch) -> None:
+        """The run's first batch on rank 0, as the data servers sent it (once)."""
+        tb = self.metrics.tensorboard
+        if tb is not None and not tb.images_shown:
+            tb.inputs(batch.images, self.step + 1)
 
     def close(self) -> None:
         """Leave the process group (if this trainer created it), restore signal handlers, close
         the sample log and stop the checkpoint upload thread."""
         self.stop.restore()
+        if self.metrics.tensorboard is not None:
+            self.metrics.tensorboard.close()  # a run that failed before its summary
         if self.autoscaler is not None:
             self.autoscaler.close()
         if self.validation is not None:
