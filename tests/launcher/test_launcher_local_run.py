@@ -158,6 +158,16 @@ def test_heterogeneous_run_reads_an_s3_dataset_shuts_servers_down_and_leaves_not
     # Both servers exited 0 on their own: the trainer's Shutdown RPC reached them.
     assert set(summary["data_servers"].values()) == {0}
     assert summary["servers_stopped_by_trainer"] is True
+    # The run's TensorBoard events, as TensorBoard reads them, and the command to watch them.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/data_wait_share")] == [2, 4]  # every 2 steps
+    assert events.Tags()["images"] == ["inputs/augmented"]
+    assert f"TensorBoard: tensorboard --logdir {(run_dir / 'tensorboard').resolve()}" in (
+        result.output
+    )
 
 
 @pytest.mark.timeout(300)
