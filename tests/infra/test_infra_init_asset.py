@@ -115,14 +115,23 @@ def test_the_trainers_read_is_allowed_and_no_other_key(built: BuiltApp) -> None:
     """What ``download_file`` of the pointer's ``init_uri`` sends (HeadObject, GetObject), by the
     instance role, through the IAM evaluator (``iam_check``)."""
     digest, _ = _asset(built)
-    stack = load_stack(built.cluster.to_json(), cluster="vit-spot", dataset=None)
+    stack = load_stack(
+        built.cluster.to_json(), cluster="vit-spot", dataset=None,
+        network=built.network.to_json(),
+    )  # fmt: skip
     bucket = f"cdk-hnb659fds-assets-{ACCOUNT}-{REGION}"
     reads = [
         (key, request)
         for key in (f"{digest}.zip", "another.zip")
         for op in ("HeadObject", "GetObject")
         for request in requests(
-            {"service": "s3", "operation": op, "params": {"Bucket": bucket, "Key": key}}, stack
+            {
+                "principal": "instance",
+                "service": "s3",
+                "operation": op,
+                "params": {"Bucket": bucket, "Key": key},
+            },
+            stack,
         )
     ]
     results = simulate(

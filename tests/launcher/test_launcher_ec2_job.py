@@ -411,6 +411,20 @@ def test_status_shows_groups_instances_outcome_metrics_and_newest_checkpoint(
     assert done.model == "s3://ckpt/checkpoints/one/model/"
 
 
+def terminate_when_taken_out(imds: FakeImds, iid: str) -> None:
+    """As Auto Scaling would after SetInstanceHealth Unhealthy: once the job record says the
+    host was taken out, its target lifecycle state becomes Terminated (bounded: 40 s)."""
+    import threading
+
+    def terminate() -> None:
+        deadline = time.monotonic() + 40
+        while iid not in JobRecord(URI).evicted() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        imds.set(TARGET_LIFECYCLE_PATH, "Terminated")
+
+    threading.Thread(target=terminate, daemon=True).start()
+
+
 HANG_SETTINGS = {"hang_floor_s": 1.0, "stacks_wait_s": 1.0, "heartbeat_s": 0.2}
 """A second without progress is a hang; a second for the stacks; a look every 0.2 s."""
 
@@ -448,7 +462,6 @@ def test_a_host_frozen_in_two_generations_in_a_row_takes_itself_out(
 ) -> None:
     """A rank that cannot answer (SIGSTOPped) in two generations in a row: the host marks
     itself Unhealthy, is recorded as evicted and leaving, then leaves at its termination."""
-    import threading
 
     job, played = make_job(
         cluster, tmp_path, fake_imds, ["freeze", "freeze", "finished"], budget=2,
@@ -456,14 +469,7 @@ def test_a_host_frozen_in_two_generations_in_a_row_takes_itself_out(
     )  # fmt: skip
     fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
     iid = cluster["instance_id"]
-
-    def terminate_once_taken_out() -> None:
-        deadline = time.monotonic() + 40
-        while iid not in JobRecord(URI).evicted() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        fake_imds.set(TARGET_LIFECYCLE_PATH, "Terminated")
-
-    threading.Thread(target=terminate_once_taken_out, daemon=True).start()
+    terminate_when_taken_out(fake_imds, iid)
     assert job.run() == EXIT_STOPPED
     assert played.read_text() == "freeze freeze"
     record = JobRecord(URI)
@@ -506,7 +512,6 @@ def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
     the silent-host bound: the generation is killed, the host marks itself Unhealthy, is
     recorded as evicted and leaving, and leaves at its termination."""
     import socket
-    import threading
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -536,14 +541,7 @@ def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
         asg_names=cluster["names"],
     )  # fmt: skip
     fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
-
-    def terminate_once_taken_out() -> None:
-        deadline = time.monotonic() + 40
-        while iid not in JobRecord(URI).evicted() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        fake_imds.set(TARGET_LIFECYCLE_PATH, "Terminated")
-
-    threading.Thread(target=terminate_once_taken_out, daemon=True).start()
+    terminate_when_taken_out(fake_imds, iid)
     started = time.monotonic()
     assert job.run() == EXIT_STOPPED
     assert time.monotonic() - started < 30

@@ -77,17 +77,20 @@ def test_a_serving_server_answers_and_a_stopped_one_is_not_answering_after_the_b
         os.kill(proc.pid, signal.SIGCONT)
 
 
-def test_a_server_that_never_started_has_four_bounds_from_the_watch_start() -> None:
+def test_a_server_that_never_started_has_four_bounds_at_least_ten_minutes() -> None:
     """A start (imports, the dataset's index) may take longer than a silence may last."""
     address = f"127.0.0.1:{free_port()}"  # nothing listens
     now = [100.0]
-    with ServerWatch([address], bound_s=30.0, clock=lambda: now[0]) as watch:
-        now[0] = 210.0
-        assert watch.check() is None  # 110 s: past one bound, within four
+    with ServerWatch([address], bound_s=300.0, clock=lambda: now[0]) as watch:
+        assert watch.startup_s == 1200.0
+        now[0] = 1200.0
+        assert watch.check() is None  # 1100 s: past one bound, within four
         assert watch.problems[address].startswith("UNAVAILABLE")
-        now[0] = 221.0
+        now[0] = 1301.0
         reason = watch.check()
-        assert reason is not None and "for 121 s since the generation's start" in reason
+        assert reason is not None and "for 1201 s since the generation's start" in reason
+    with ServerWatch([address], bound_s=16.0, clock=lambda: now[0]) as watch:
+        assert watch.startup_s == 600.0  # a rehearsal's 16 s bound: ten minutes to start
 
 
 def test_a_server_at_its_stream_limit_is_busy_not_silent(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ server that has not answered ``SERVING`` (or, at its stream limit, ``RESOURCE_EX
 ``bound_s`` (the silent-host bound, ``LoopSettings.silent_after``) since its last answer is not
 answering: ``check`` returns the reason, and ``ec2_job`` ends the generation and takes the host
 out as it would a silent one. Before its first answer a server is starting (importing, reading
-its dataset's index), which may take longer: it gets ``STARTUP_BOUNDS`` times ``bound_s`` from
-the generation's start.
+its dataset's index), which may take much longer on a busy host: it gets ``STARTUP_BOUNDS`` times
+``bound_s``, at least ``STARTUP_FLOOR_S``, from the generation's start.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from training.dataplane.server import channel_options
 log = logging.getLogger(__name__)
 
 STARTUP_BOUNDS = 4
-"""Before a server's first answer, the bound is this many times ``bound_s``."""
+"""Before a server's first answer, the bound is this many times ``bound_s`` ..."""
+STARTUP_FLOOR_S = 600.0
+"""... and at least this long."""
 BUSY = "RESOURCE_EXHAUSTED"
 """What gRPC answers for the server when it is at its ``maximum_concurrent_rpcs`` (every stream
 slot taken by the trainers): alive and busy, which counts as an answer."""
@@ -57,6 +59,8 @@ class ServerWatch:
         self.problems: dict[str, str] = {}
         self.found: str | None = None
         """The reason, once a server did not answer for ``bound_s``."""
+        self.startup_s = max(STARTUP_BOUNDS * bound_s, STARTUP_FLOOR_S)
+        """The bound before a server's first answer."""
 
     def __enter__(self) -> ServerWatch:
         return self
@@ -81,7 +85,7 @@ class ServerWatch:
             self.problems[address] = problem
             last = self.answered[address]
             silent = now - (last if last is not None else self.started)
-            bound = self.bound_s if last is not None else STARTUP_BOUNDS * self.bound_s
+            bound = self.bound_s if last is not None else self.startup_s
             if silent >= bound:
                 since = "its last answer" if last is not None else "the generation's start"
                 self.found = (
