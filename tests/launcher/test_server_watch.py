@@ -116,3 +116,22 @@ def test_a_server_at_its_stream_limit_is_busy_not_silent(tmp_path: Path) -> None
             assert watch.answered[f"127.0.0.1:{port}"] == 10.0
     finally:
         server.stop(None)
+
+
+def test_a_server_that_starts_after_the_first_check_is_seen_at_the_next() -> None:
+    """A refused first connection puts a gRPC channel in reconnect backoff (up to minutes): each
+    check after a failure uses a fresh channel, so the server's start is seen at once."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    with ServerWatch([address], bound_s=60.0) as watch:
+        assert watch.check() is None and watch.answered[address] is None
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(port)], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+            assert watch.check() is None
+            assert watch.answered[address] is not None, watch.problems
+        finally:
+            proc.kill()
+            proc.wait()

@@ -52,7 +52,7 @@ class ServerWatch:
         self.bound_s = bound_s
         self.clock = clock
         started = clock()
-        self.channels = {a: grpc.insecure_channel(a, options=channel_options()) for a in addresses}
+        self.channels = {a: _channel(a) for a in addresses}
         self.started = started
         self.answered: dict[str, float | None] = dict.fromkeys(addresses)
         """When each server last answered ``SERVING`` (None: not yet)."""
@@ -76,13 +76,18 @@ class ServerWatch:
 
     def check(self) -> str | None:
         now = self.clock()
-        for address, channel in self.channels.items():
+        for address, channel in list(self.channels.items()):
             problem = serving_problem(channel)
             if problem is None or problem.startswith(BUSY):
                 self.answered[address] = now
                 self.problems.pop(address, None)
                 continue
             self.problems[address] = problem
+            # A channel whose connection failed waits out gRPC's reconnect backoff (growing to
+            # two minutes) before it tries again: the next check gets a fresh one, which
+            # connects at once (a server that started meanwhile is seen).
+            channel.close()
+            self.channels[address] = _channel(address)
             last = self.answered[address]
             silent = now - (last if last is not None else self.started)
             bound = self.bound_s if last is not None else self.startup_s
@@ -95,3 +100,7 @@ class ServerWatch:
                 return self.found
             log.warning("data server %s does not answer its health check: %s", address, problem)
         return None
+
+
+def _channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=channel_options())
