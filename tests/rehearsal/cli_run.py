@@ -21,15 +21,20 @@ STEPS = 24
 
 
 def rehearse(
-    out: Path, *args: str, spec: Path = SPEC, env: dict[str, str] | None = None
+    out: Path,
+    *args: str,
+    spec: Path = SPEC,
+    env: dict[str, str] | None = None,
+    timeout_s: int = TIMEOUT_S,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """Rehearse ``spec`` into ``out``; the CLI's result and its report (rehearsal.json)."""
+    """Rehearse ``spec`` into ``out`` (``hetero rehearse --timeout timeout_s``); the CLI's result
+    and its report (rehearsal.json)."""
     proc = subprocess.run(
         [
             sys.executable, "-m", "training.cli", "rehearse", "--spec", str(spec),
-            "--out", str(out), "--timeout", str(TIMEOUT_S), *args,
+            "--out", str(out), "--timeout", str(timeout_s), *args,
         ],
-        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120,
+        cwd=REPO, capture_output=True, text=True, timeout=timeout_s + 120,
         env={**os.environ, **aws_calls.recording_env(out / "aws-calls"), **(env or {})},
     )  # fmt: skip
     report = json.loads((out / "rehearsal.json").read_text())

@@ -56,8 +56,10 @@ def test_launchers_gone_for_good_are_taken_out_and_the_job_finishes(
     assert evicted(report, data)["group"] == "dataprep"
     # Nothing else was taken out: the live hosts stayed live.
     assert len(report["evicted_in_record"]) == 2, report["evicted_in_record"]
-    # The trainer generation that lost its peer failed once; no rendezvous timeout was waited.
-    assert report["wall_seconds"] < 150, report["wall_seconds"]
+    # The trainer generation that lost its peer failed once at most; no rendezvous timeout was
+    # waited (before, three of them spent the restart budget: failures 1, 2 and 3).
+    logs = "\n".join(p.read_text() for p in (out / "instances").glob("*/launcher.log"))
+    assert "failure 2 of" not in logs, logs[-4000:]
 
 
 @pytest.mark.timeout(TIMEOUT_S + 200)
@@ -79,7 +81,12 @@ def test_a_frozen_rendezvous_host_and_a_frozen_data_server_are_taken_out_and_the
     assert len(report["evicted_in_record"]) == 2, report["evicted_in_record"]
 
 
-@pytest.mark.timeout(TIMEOUT_S + 200)
+LONG_TIMEOUT_S = 720
+"""Six generations, a hang's 30 s floor among them: 115 s alone, 450 s beside the suite's other
+rehearsals on two cores."""
+
+
+@pytest.mark.timeout(LONG_TIMEOUT_S + 200)
 def test_five_crashes_and_a_hung_rank_with_checkpoints_between_them_do_not_end_the_job(
     baseline: Path, tmp_path: Path
 ) -> None:
@@ -92,7 +99,9 @@ def test_five_crashes_and_a_hung_rank_with_checkpoints_between_them_do_not_end_t
     taken out."""
     out = tmp_path / "rehearsal"
     scenario = SCENARIOS / "transient-failures.toml"
-    proc, report = rehearse(out, "--baseline", str(baseline), "--scenario", str(scenario))
+    proc, report = rehearse(
+        out, "--baseline", str(baseline), "--scenario", str(scenario), timeout_s=LONG_TIMEOUT_S
+    )
     assert_clean_end(proc, report)
     assert proc.returncode == 0, context(proc)
     assert_exactly_once_and_equal(report)
