@@ -51,16 +51,20 @@ DENIED = frozenset({"AccessDenied", "403", "Forbidden", "AllAccessDisabled"})
 may not list the bucket."""
 
 
+def error_code(error: Exception) -> str:
+    """The error code of a botocore ``ClientError`` (``""`` for any other exception)."""
+    response = getattr(error, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
 def is_denied(error: Exception) -> bool:
     """Whether ``error`` (a botocore ``ClientError``) is S3's 403."""
-    response = getattr(error, "response", None) or {}
-    return response.get("Error", {}).get("Code") in DENIED
+    return error_code(error) in DENIED
 
 
 def is_not_found(error: Exception) -> bool:
     """Whether ``error`` (a botocore ``ClientError``) says the object does not exist."""
-    response = getattr(error, "response", None) or {}
-    return response.get("Error", {}).get("Code") in NOT_FOUND
+    return error_code(error) in NOT_FOUND
 
 
 def head_object(client: Any, bucket: str, key: str) -> dict[str, Any] | None:

@@ -26,9 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from training.common.s3 import (
-    NOT_FOUND,
+    error_code,
     head_object,
     is_denied,
+    is_not_found,
     is_s3_uri,
     parse_s3_object,
     parse_s3_uri,
@@ -240,17 +241,11 @@ def _etag(answer: dict[str, Any]) -> str:
     return str(answer.get("ETag", "")).strip('"')
 
 
-def _code(error: Exception) -> str:
-    response = getattr(error, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
-
-
 def _read_error(uri: str, error: Exception) -> str:
     """What a refused read of the source says: the URI, the error and the fix."""
-    code = _code(error)
-    if code == "NoSuchBucket":
+    if error_code(error) == "NoSuchBucket":
         return f"job.model.init: no bucket for {uri} ({error}); fix job.model.init"
-    if code in NOT_FOUND:
+    if is_not_found(error):
         return f"job.model.init: no object at {uri} ({error}); fix job.model.init"
     if is_denied(error):
         return (
@@ -315,7 +310,7 @@ def copy_staged(staged: StagedS3Init, s3: Any) -> StagedS3Init:
 
 
 def _copy_error(source: str, target: str, error: Exception) -> str:
-    if _code(error) in {"PreconditionFailed", "412"}:
+    if error_code(error) in {"PreconditionFailed", "412"}:
         return (
             f"could not stage job.model.init: {source} changed while it was being copied to "
             f"{target}; run the command again"

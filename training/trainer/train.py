@@ -598,7 +598,7 @@ class Trainer:
     def _show_inputs(self, batch: Batch) -> None:
         """The run's first batch on rank 0, as the data servers sent it (once)."""
         tb = self.metrics.tensorboard
-        if tb is not None and not tb.images_shown:
+        if tb is not None:
             tb.inputs(batch.images, self.step + 1)
 
     def close(self) -> None:
