@@ -17,13 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
 from training.data import batch_seed, epoch_order
-from training.dataplane.server import (
-    PART_IMAGES,
-    SERVICE_NAME,
-    batch_memory_bytes,
-    channel_options,
-    create_server,
-)
+from training.dataplane.rpc import SERVICE_NAME, channel_options
+from training.dataplane.server import PART_IMAGES, batch_memory_bytes, create_server
 from training.dataplane.sources import AugmentingBatchSource, BatchWork, PremadeBatchSource
 from training.dataplane.v1 import dataplane_pb2 as pb
 from training.dataplane.v1 import dataplane_pb2_grpc as pb_grpc

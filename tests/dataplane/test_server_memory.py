@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from training.dataplane.processes import ServerProcess, start_server_process
-from training.dataplane.server import channel_options
+from training.dataplane.rpc import channel_options
 from training.dataplane.v1 import dataplane_pb2 as pb
 from training.dataplane.v1 import dataplane_pb2_grpc as pb_grpc
 

@@ -492,7 +492,7 @@ import os, signal, sys
 from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from training.dataplane.server import SERVICE_NAME
+from training.dataplane.rpc import SERVICE_NAME
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
 servicer = health.HealthServicer()
 health_pb2_grpc.add_HealthServicer_to_server(servicer, server)

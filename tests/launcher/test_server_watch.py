@@ -22,7 +22,7 @@ import sys, threading
 from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from training.dataplane.server import SERVICE_NAME
+from training.dataplane.rpc import SERVICE_NAME
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
 servicer = health.HealthServicer()
 health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
@@ -100,7 +100,7 @@ def test_a_server_at_its_stream_limit_is_busy_not_silent(tmp_path: Path) -> None
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    from training.dataplane.server import SERVICE_NAME
+    from training.dataplane.rpc import SERVICE_NAME
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), maximum_concurrent_rpcs=0)
     servicer = health.HealthServicer()

@@ -30,7 +30,7 @@ from training.data.batch import Batch
 from training.data.splits import Split, parse_split
 from training.dataplane.discovery import ServerDiscovery, StaticServers
 from training.dataplane.membership import ServerPool
-from training.dataplane.server import SERVICE_NAME
+from training.dataplane.rpc import SERVICE_NAME
 from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
 from training.dataplane.wire import ReceivedBatch, decode_batch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from training.dataplane.server import SERVICE_NAME
+from training.dataplane.rpc import SERVICE_NAME
 
 HEALTH_TIMEOUT_S = 2.0
 

@@ -24,7 +24,7 @@ import grpc
 
 from training.dataplane.discovery import DiscoveryError, ServerDiscovery
 from training.dataplane.health import HEALTH_TIMEOUT_S, serving_problem
-from training.dataplane.server import channel_options
+from training.dataplane.rpc import channel_options
 from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
 
 log = logging.getLogger(__name__)

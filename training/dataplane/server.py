@@ -29,6 +29,7 @@ from training.data.splits import Split, parse_split
 from training.data.transforms import EvalTransform, decode_recipe, encode_recipe
 from training.dataplane.budget import MB, ByteBudget, default_memory_budget_bytes
 from training.dataplane.load import ImageRateThrottle, PoolLoad, check_images_per_s
+from training.dataplane.rpc import MAX_MESSAGE_BYTES, SERVICE_NAME, channel_options
 from training.dataplane.sources import AugmentingBatchSource, BatchSource, BatchWork
 from training.dataplane.v1 import dataplane_pb2
 from training.dataplane.wire import encode_batch
@@ -36,9 +37,6 @@ from training.spec import ClusterSpec, Recipe
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "training.dataplane.v1.DataPlane"
-# Messages stay a few MB (a 32 x 224 px batch is 4.8 MB); the limit leaves room for big crops.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Room in a message for everything but the pixels (shape, labels, ids, framing).
 _HEADER_BYTES_PER_SAMPLE = 32
 _HEADER_BYTES = 1024
@@ -105,25 +103,6 @@ def batch_memory_bytes(batch_size: int, image_size: int) -> int:
     """What a batch of ``batch_size`` images of ``image_size`` px costs the server's memory
     budget while it is in flight."""
     return BATCH_MEMORY_FACTOR * batch_size * 3 * image_size * image_size
-
-
-def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    """gRPC options both ends use: explicit message limits and keepalive pings, so a vanished
-    peer is noticed in seconds rather than at the TCP timeout."""
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        # Multi-MB messages: bigger HTTP/2 frames and socket reads mean fewer trips through the
-        # transport per batch (receive CPU on the trainer host is what the design saves).
-        ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
-        ("grpc.experimental.tcp_read_chunk_size", 4 * 1024 * 1024),
-        ("grpc.experimental.tcp_min_read_chunk_size", 1024 * 1024),
-        ("grpc.experimental.tcp_max_read_chunk_size", 16 * 1024 * 1024),
-    ]
 
 
 class DataPlaneServicer:

@@ -25,7 +25,7 @@ from types import TracebackType
 import grpc
 
 from training.dataplane.health import serving_problem
-from training.dataplane.server import channel_options
+from training.dataplane.rpc import channel_options
 
 log = logging.getLogger(__name__)
 
