@@ -45,9 +45,11 @@ STATISTICS: Final[dict[str, str]] = {
     "EmaValidationTop1": cw.Stats.AVERAGE,
     "DataServers": cw.Stats.AVERAGE,
     "DataServersTarget": cw.Stats.AVERAGE,
+    # A count that only grows within a run: the minute's highest is the newest.
+    "UnreadableSamples": cw.Stats.MAXIMUM,
 }
-"""Rates, shares and counts are averaged over the minute; the checkpoint age takes its
-maximum."""
+"""Rates, shares and counts are averaged over the minute; the checkpoint age and the unreadable
+samples take their maximum."""
 
 VALIDATION_GRAPHED: Final[tuple[str, ...]] = ("ValidationTop1", "EmaValidationTop1")
 """The validation metrics graphed (one widget); the EMA's exists only when the job keeps EMA
@@ -59,6 +61,7 @@ TITLES: Final[dict[str, str]] = {
     "SamplesPerDollar": "Samples per dollar (whole cluster's price)",
     "GPUUtilization": "GPU utilisation (%, rank 0's GPU)",
     "CheckpointAge": "Checkpoint age (s since the newest durable checkpoint)",
+    "UnreadableSamples": "Unreadable training samples (left out; named in summary.json)",
 }
 
 VALIDATION_TITLE: Final = "Validation top-1 (%, raw and EMA weights)"
@@ -179,7 +182,8 @@ class ClusterDashboard(Construct):
                     left_y_axis=cw.YAxisProps(min=0),
                     width=12,
                     height=6,
-                )
+                ),
+                graph("UnreadableSamples"),
             ]
         )
         self.dashboard = cw.Dashboard(

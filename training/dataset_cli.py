@@ -97,8 +97,9 @@ def run_prep(args: argparse.Namespace) -> int:
 
     # Deferred: the data package loads torch and torchvision, which `hetero dataset --help` and
     # the other subcommands need not.
+    from training.data.names import shown_path
     from training.data.prep import MIB, PrepRequest, prep
-    from training.data.prep_inputs import PrepError, shown_path
+    from training.data.prep_inputs import PrepError
 
     request = PrepRequest(
         src=args.src,
@@ -145,7 +146,7 @@ def run_verify(args: argparse.Namespace) -> int:
     # Deferred: the data package loads torch and torchvision, which `hetero dataset --help` and
     # the other subcommands need not.
     from training.data.manifest import ManifestError
-    from training.data.prep_inputs import shown_path
+    from training.data.names import shown_path
     from training.data.verify import MAX_PROBLEMS_SHOWN, verify
 
     try:

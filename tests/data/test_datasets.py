@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import boto3
@@ -16,9 +17,11 @@ from training.data import (
     FolderImages,
     S3Images,
     SyntheticImages,
+    Unreadable,
     build_transform,
     decode_image,
     epoch_order,
+    load_image,
     local_loader,
 )
 from training.spec import DatasetSource, DatasetSpec, JobSpec
@@ -36,8 +39,11 @@ def test_synthetic_images_are_deterministic_jpegs() -> None:
     assert source.read(7)[:2] == b"\xff\xd8"  # JPEG: decoding is part of the cost
     assert decode_image(source.read(7)).size == (37, 37)
     assert [source.label(i) for i in range(6)] == [0, 1, 2, 3, 0, 1]
+    assert [source.name(i) for i in (0, 7, 19)] == ["synthetic:0", "synthetic:7", "synthetic:19"]
     with pytest.raises(IndexError, match="out of range"):
         source.read(20)
+    with pytest.raises(IndexError, match="out of range"):
+        source.name(20)
 
 
 @pytest.mark.parametrize("recipe", ["standard", "randaugment"])
@@ -76,6 +82,13 @@ def test_folder_dataset_and_local_loader_skip_unreadable(tmp_path: Path) -> None
     ids = [i for b in batches for i in b.sample_ids.tolist()]
     bad = next(i for i, (p, _) in enumerate(source.samples) if p.endswith("truncated.jpg"))
     assert sorted(ids) == sorted(set(range(9)) - {bad})
+    assert [u for b in batches for u in b.skipped] == [
+        Unreadable(
+            bad,
+            str(tmp_path / "bee" / "truncated.jpg"),
+            "not a readable image: corrupt or truncated: Truncated File Read",
+        )
+    ]
     assert all(b.images.shape[1:] == (3, 32, 32) for b in batches)
     labels = {i: source.label(i) for i in ids}
     assert all(
@@ -99,6 +112,33 @@ def test_local_loader_shards_are_disjoint() -> None:
     assert sorted(shards[0] + shards[1]) == list(range(22))
 
 
+def test_a_folder_sample_is_named_by_its_path_shown_as_text(tmp_path: Path) -> None:
+    """A file name whose bytes are not UTF-8 is named with those bytes as ``\\xNN``: text that
+    any log or message takes, and that the data path reports when the file is unreadable."""
+    (tmp_path / "cat").mkdir()
+    png = _encoded((9, 9, 9), "PNG")
+    (tmp_path / "cat" / "a.png").write_bytes(png)
+    folder = os.fsencode(tmp_path / "cat")
+    with open(folder + b"/caf\xe9-\xff.png", "wb") as f:
+        f.write(png)
+    with open(folder + b"/\xfe.jpg", "wb"):
+        pass  # empty: unreadable
+    source = FolderImages(tmp_path)
+    names = [source.name(i) for i in range(len(source))]
+    assert names == [
+        f"{tmp_path}/cat/a.png",
+        f"{tmp_path}/cat/caf\\xe9-\\xff.png",
+        f"{tmp_path}/cat/\\xfe.jpg",
+    ]
+    assert all(n.encode("utf-8") for n in names)
+    assert source.read(1) == png
+    assert load_image(source, 2) == Unreadable(
+        2, f"{tmp_path}/cat/\\xfe.jpg", "not a readable image: empty file"
+    )
+    with pytest.raises(IndexError, match="out of range"):
+        source.name(3)
+
+
 def test_empty_folder_error_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"job\.dataset\.path"):
         FolderImages(tmp_path / "missing")
@@ -119,6 +159,14 @@ def test_s3_prefix_dataset() -> None:
     source = S3Images("s3://images/train", client=s3)
     assert source.classes == ["cat", "dog"] and len(source) == 4
     assert [source.label(i) for i in range(4)] == [0, 0, 1, 1]
+    assert [source.name(i) for i in range(4)] == [
+        "s3://images/train/cat/0.jpg",
+        "s3://images/train/cat/1.jpg",
+        "s3://images/train/dog/0.jpg",
+        "s3://images/train/dog/1.jpg",
+    ]
+    with pytest.raises(IndexError, match="out of range"):
+        source.name(4)
     assert decode_image(source.read(3)).size == (44, 36)
     # The source travels to worker processes without its client, which each one re-creates.
     import pickle

@@ -99,6 +99,22 @@ def test_local_shards_read_every_image_and_label_of_both_splits(prepared: Prepar
         source.read(len(source))
 
 
+def test_a_shard_sample_is_named_by_its_shard_and_its_place_in_it(prepared: Prepared) -> None:
+    source = ShardImages(str(prepared.root), "train")
+    shards = prepared.manifest.splits["train"].shards
+    assert len(shards) >= 2 and shards[1].first == PER_SHARD
+    last = len(source) - 1
+    assert [source.name(i) for i in (0, 99, PER_SHARD + 7, last)] == [
+        f"{prepared.root}/train-000000.tar[0]",
+        f"{prepared.root}/train-000000.tar[99]",
+        f"{prepared.root}/train-000001.tar[7]",
+        f"{prepared.root}/{shards[-1].name}[{last - shards[-1].first}]",
+    ]
+    assert ShardImages(str(prepared.root), "val").name(3) == f"{prepared.root}/val-000000.tar[3]"
+    with pytest.raises(IndexError, match="out of range"):
+        source.name(len(source))
+
+
 def test_the_spec_builds_the_manifests_splits_and_their_shard_order(
     prepared: Prepared, tmp_path: Path
 ) -> None:
@@ -166,6 +182,11 @@ def test_s3_shards_are_read_whole_once_into_the_cache_and_then_from_disk(
     worker._client = s3_dataset
     assert worker.read(0) == prepared.images["train"][0] and worker.cache.downloads == 0
     assert len(calls) == 1 + len(shards)
+
+
+def test_an_s3_shard_sample_is_named_by_its_shard_uri(s3_dataset: Any, tmp_path: Path) -> None:
+    source = ShardImages("s3://data/digits/", "train", cache_dir=tmp_path, client=s3_dataset)
+    assert source.name(PER_SHARD + 2) == "s3://data/digits/train-000001.tar[2]"
 
 
 def test_the_cache_goes_where_the_boot_provisioned_it_unless_the_spec_says(

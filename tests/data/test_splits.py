@@ -182,6 +182,20 @@ def test_no_validation_keeps_the_whole_dataset_and_refuses_val() -> None:
     assert parse_split("") == parse_split("train") == "train"
 
 
+def test_a_subset_names_each_sample_as_its_source_does(tmp_path: Path) -> None:
+    subset = SubsetImages(SyntheticImages(20, 4, 32), [3, 17, 5])
+    assert [subset.name(i) for i in range(3)] == ["synthetic:3", "synthetic:17", "synthetic:5"]
+    with pytest.raises(IndexError, match="out of range"):
+        subset.name(3)
+    root = write_folder(tmp_path / "data")
+    val = build_split(
+        DatasetSpec(source=DatasetSource.FOLDER, path=str(root), val_fraction=0.25), "val"
+    )
+    assert isinstance(val, SubsetImages)
+    files = sorted(str(p) for p in root.glob("*/*.png"))
+    assert [val.name(i) for i in range(len(val))] == [files[int(j)] for j in val.indices]
+
+
 def test_a_subset_pickles_for_worker_processes() -> None:
     spec = DatasetSpec(num_samples=30, num_classes=3, image_size=32, val_fraction=0.2)
     val = build_split(spec, "val")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from training.data import Batch
+from training.data import Batch, Unreadable, epoch_order, local_loader
 from training.dataplane.client import (
     DataPlaneClient,
     DataPlaneError,
@@ -21,7 +21,7 @@ from training.dataplane.client import (
 from training.dataplane.processes import ServerProcess, start_server_process
 from training.dataplane.server import create_server
 from training.dataplane.sources import AugmentingBatchSource, PremadeBatchSource
-from training.spec import DatasetSource, DatasetSpec
+from training.spec import DatasetSource, DatasetSpec, JobSpec
 
 
 @pytest.fixture
@@ -196,3 +196,43 @@ def test_batch_of_unreadable_samples_keeps_its_slot(tmp_path: Path) -> None:
         source.close()
     assert [len(c) for c in counts] == [5, 5]
     assert sum(c.count(0) for c in counts) == 2 and sum(map(sum, counts)) == 8
+
+
+def test_unreadable_samples_reach_the_trainer_by_name_on_both_data_paths(tmp_path: Path) -> None:
+    """A zero-byte ``.png`` and a text file named ``.jpg`` among valid images: the batch from a
+    data server (through the client) and the local loader's batch name exactly those two, with
+    why, and deliver every other sample."""
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i in range(3):
+            Image.new("RGB", (40, 40), (30 * i, 90, 10)).save(tmp_path / cls / f"{i}.png")
+    (tmp_path / "cat" / "empty.png").write_bytes(b"")
+    (tmp_path / "dog" / "notes.jpg").write_text("a text file, not an image\n")
+    # Classes sorted, then files: cat/0..2.png, cat/empty.png, dog/0..2.png, dog/notes.jpg.
+    expected = {
+        3: Unreadable(3, str(tmp_path / "cat" / "empty.png"), "not a readable image: empty file"),
+        7: Unreadable(
+            7,
+            str(tmp_path / "dog" / "notes.jpg"),
+            "not a readable image: not an image: no image format recognises its bytes",
+        ),
+    }
+    order = epoch_order(5, 0, 8).tolist()
+    skipped = tuple(expected[i] for i in order if i in expected)
+    delivered = [i for i in order if i not in expected]
+    dataset = DatasetSpec(source=DatasetSource.FOLDER, path=str(tmp_path), image_size=32)
+    source = AugmentingBatchSource(dataset, workers=1, processes=False)
+    server, port = create_server(source, port=0)
+    try:
+        with DataPlaneClient([f"127.0.0.1:{port}"], batch_size=8, seed=5) as client:
+            remote = list(client.iter_epoch(0))
+            assert client.skipped_samples == 2
+    finally:
+        server.stop(0).wait()
+        source.close()
+    job = JobSpec(batch_size=8, seed=5, dataset=dataset)
+    local = list(local_loader(job, rank=0, world_size=1, epoch=0, num_workers=0))
+    for batches in (remote, local):
+        assert len(batches) == 1
+        assert batches[0].skipped == skipped
+        assert batches[0].sample_ids.tolist() == delivered

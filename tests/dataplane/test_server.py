@@ -39,7 +39,7 @@ def test_streams_the_epoch_order_in_batches(channel: grpc.Channel) -> None:
         assert list(b.shape) == [n, 3, 32, 32] and b.dtype == "uint8"
         assert len(b.pixels) == n * 3 * 32 * 32
         assert list(b.labels) == [i % 10 for i in b.sample_ids]
-        assert not b.skipped_ids
+        assert not b.unreadable
 
 
 @pytest.mark.parametrize(
@@ -206,7 +206,9 @@ def _write_image(path: Path, colour: tuple[int, int, int], fmt: str) -> None:
     path.write_bytes(buf.getvalue())
 
 
-def test_unreadable_image_is_skipped_and_counted(tmp_path: Path) -> None:
+def test_unreadable_image_is_skipped_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     for c, cls in enumerate(["cat", "dog"]):
         (tmp_path / cls).mkdir()
         for i in range(5):
@@ -218,6 +220,7 @@ def test_unreadable_image_is_skipped_and_counted(tmp_path: Path) -> None:
         processes=False,
     )
     server, port = create_server(source, port=0)
+    caplog.set_level(logging.WARNING, logger="training.dataplane.server")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = pb_grpc.DataPlaneStub(ch)
@@ -228,10 +231,23 @@ def test_unreadable_image_is_skipped_and_counted(tmp_path: Path) -> None:
         server.stop(0).wait()
         source.close()
     broken = [i for i, (p, _) in enumerate(source._source.samples) if p.endswith("broken.png")]  # type: ignore[attr-defined]
-    skipped = [i for b in batches for i in b.skipped_ids]
+    skipped = [(u.sample, u.name, u.reason) for b in batches for u in b.unreadable]
     delivered = [i for b in batches for i in b.sample_ids]
-    assert skipped == broken
-    assert sorted(delivered + skipped) == list(range(11))
+    assert skipped == [
+        (
+            broken[0],
+            str(tmp_path / "dog" / "broken.png"),
+            "not a readable image: corrupt or truncated: Truncated File Read",
+        )
+    ]
+    skipped_ids = [i for i, _, _ in skipped]
+    assert sorted(delivered + skipped_ids) == list(range(11))
+    # The server's log names it, with why.
+    start, stop = next((b.position_start, b.position_stop) for b in batches if b.unreadable)
+    assert (
+        f"batch [{start}, {stop}): skipped 1 unreadable sample(s): {tmp_path}/dog/broken.png: "
+        "not a readable image: corrupt or truncated: Truncated File Read"
+    ) in [r.getMessage() for r in caplog.records if r.name == "training.dataplane.server"]
     # Every position is still covered, so the client knows the range is complete.
     assert batches[-1].position_stop == 11
 
@@ -329,9 +345,13 @@ def test_batch_of_only_unreadable_samples_is_still_sent(tmp_path: Path) -> None:
     empty = pb.Batch.FromString(raw[1])
     assert (empty.position_start, empty.position_stop) == (4, 8)
     assert list(empty.shape) == [0, 3, 32, 32] and not empty.pixels and not empty.sample_ids
-    assert sorted(empty.skipped_ids) == broken
+    assert sorted(u.sample for u in empty.unreadable) == broken
     received = decode_batch(raw[1])
     assert received.batch.images.shape == (0, 3, 32, 32) and received.skipped == 4
+    assert sorted((u.sample, u.name) for u in received.batch.skipped) == [
+        (i, source._source.samples[i][0])  # type: ignore[attr-defined]
+        for i in broken
+    ]
     assert (received.position_start, received.position_stop) == (4, 8)
     assert [len(pb.Batch.FromString(m).sample_ids) for m in (raw[0], raw[2])] == [4, 4]
 

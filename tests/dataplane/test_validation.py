@@ -15,7 +15,14 @@ import pytest
 import torch
 from PIL import Image
 
-from training.data import FolderImages, ImageSource, SubsetImages, build_splits, load_image
+from training.data import (
+    FolderImages,
+    ImageSource,
+    SubsetImages,
+    Unreadable,
+    build_splits,
+    load_image,
+)
 from training.data.transforms import EvalTransform, build_transform, encode_recipe
 from training.dataplane.client import DataPlaneClient, DataPlaneUnavailable
 from training.dataplane.processes import start_server_process
@@ -61,7 +68,7 @@ def eval_pixels(split: ImageSource, ids: list[int]) -> bytes:
     out = []
     for i in ids:
         image = load_image(split, i)
-        assert image is not None
+        assert not isinstance(image, Unreadable), image
         out.append(transform(image))
     return torch.stack(out).numpy().tobytes()
 

@@ -32,6 +32,7 @@ TRAINER_METRICS = {
     "EmaValidationTop1": "Average",
     "DataServers": "Average",
     "DataServersTarget": "Average",
+    "UnreadableSamples": "Maximum",
 }
 """The trainer's EMF metric names (``training.trainer.emf``) and the statistic graphed."""
 VALIDATION_METRICS = ["ValidationTop1", "EmaValidationTop1"]

@@ -91,6 +91,47 @@ def test_status_shows_it_in_the_host_row(
     assert "step 130, loss 0.5; val top-1 81.2 % at step 120, targets reached 80 %" in row
 
 
+def test_status_names_the_unreadable_training_samples_from_the_heartbeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trainer's interval record carries the unreadable samples' count and first names
+    (``UnreadableSamples.record_fields``); the heartbeat passes the record on, and ``render``
+    says how many were left out, names the first and where the rest are."""
+    from training.data.batch import Batch, Unreadable
+    from training.trainer.unreadable import UnreadableSamples
+
+    unreadable = UnreadableSamples(0.5)
+    names = [f"/data/train/c{i}/bad-{i}.jpg" for i in range(4)]
+    unreadable.met(
+        Batch(
+            torch.zeros((0, 3, 8, 8), dtype=torch.uint8), torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+            skipped=tuple(Unreadable(i, n, "not a readable image: empty file")
+                          for i, n in enumerate(names)),
+        )
+    )  # fmt: skip
+    unreadable.share(world_size=1)
+    logger = MetricsLogger(tmp_path, FACTS, rank=0, device=torch.device("cpu"))
+    interval = Interval(started=time.perf_counter() - 1.0, steps=10)
+    logger.log(
+        10, interval, loss=1.5, lr=0.1, data_wait_share=0.1, epoch=0,
+        extra=unreadable.record_fields(),
+    )  # fmt: skip
+    logger.finish({})
+    metrics = last_metrics(tmp_path)
+    assert metrics is not None
+    status = JobStatus(cluster="vit-spot", hosts={"i-1": {"state": "running", "metrics": metrics}})
+    render(status)
+    out = capsys.readouterr().out
+    assert (
+        "unreadable training samples: 4, left out (/data/train/c0/bad-0.jpg, "
+        "/data/train/c1/bad-1.jpg, /data/train/c2/bad-2.jpg, ...); the run's summary.json names "
+        "every one"
+    ) in out.replace("\n", " ")
+    render(JobStatus(cluster="vit-spot", hosts={"i-1": {"metrics": {"unreadable_samples": 0}}}))
+    assert "unreadable" not in capsys.readouterr().out
+
+
 def test_status_shows_the_hosts_taken_out_and_the_hung_generations(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -252,11 +252,15 @@ def test_a_run_prints_one_line_per_logged_interval_with_its_values(
         names = [m["Name"] for m in directive["Metrics"]]
         # Steps 1 and 2 are logged before any checkpoint is durable (step 2's save follows its
         # log line); from step 3 on the age counts from the newest one.
+        # Every interval says how many training samples were unreadable (none here).
+        assert names[-1] == "UnreadableSamples" and line["UnreadableSamples"] == 0
         if record["step"] <= 2:
             assert record["checkpoint_age_s"] is None and "CheckpointAge" not in line
-            assert names == ["SamplesPerSecond", "DataWaitShare", "SamplesPerDollar"]
+            assert names == [
+                "SamplesPerSecond", "DataWaitShare", "SamplesPerDollar", "UnreadableSamples"
+            ]  # fmt: skip
         else:
-            assert names[-1] == "CheckpointAge"
+            assert names[-2] == "CheckpointAge"
             assert line["CheckpointAge"] == record["checkpoint_age_s"]
             assert 0.0 <= line["CheckpointAge"] < 60.0
 

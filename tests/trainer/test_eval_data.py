@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.data import Batch, FolderImages, SubsetImages, build_split
+from training.data import Batch, FolderImages, SubsetImages, Unreadable, build_split
 from training.data.transforms import EvalTransform
 from training.dataplane.server import create_server
 from training.dataplane.sources import AugmentingBatchSource
@@ -181,16 +181,20 @@ def test_data_plane_eval_covers_the_val_set_once_per_pass_with_local_bytes(
     ]
 
 
-def _break_val_samples(spec_path: Path, ids: list[int]) -> None:
+def _break_val_samples(spec_path: Path, ids: list[int]) -> dict[int, str]:
+    """Validation sample id -> the file, for each of ``ids``, now not an image."""
     val = build_split(load_spec(spec_path).job.dataset, "val")
     assert isinstance(val, SubsetImages) and isinstance(val.source, FolderImages)
-    for i in ids:
-        Path(val.source.samples[val.base_index(i)][0]).write_bytes(b"not an image")
+    files = {i: val.source.samples[val.base_index(i)][0] for i in ids}
+    for file in files.values():
+        Path(file).write_bytes(b"not an image")
+    return files
 
 
 @pytest.mark.parametrize("dataplane", [False, True])
 def test_an_unreadable_batch_still_counts(spec_path: Path, server: str, dataplane: bool) -> None:
-    _break_val_samples(spec_path, [3, 4, 5, 9])  # all of the second batch, one of the last
+    # All of the second batch, one of the last.
+    files = _break_val_samples(spec_path, [3, 4, 5, 9])
     v = ValidationBatches(
         config(spec_path, [server] if dataplane else None), rank=0, world_size=1, num_workers=0
     )
@@ -200,6 +204,13 @@ def test_an_unreadable_batch_still_counts(spec_path: Path, server: str, dataplan
         v.close()
     assert [b.sample_ids.tolist() for b in batches] == [[0, 1, 2], [], [6, 7, 8], [10]]
     assert len(batches) == v.batches_per_rank
+    why = "not a readable image: not an image: no image format recognises its bytes"
+    assert [b.skipped for b in batches] == [
+        (),
+        tuple(Unreadable(i, files[i], why) for i in (3, 4, 5)),
+        (),
+        (Unreadable(9, files[9], why),),
+    ]
 
 
 def test_synthetic_input_and_no_validation_are_refused(tmp_path: Path, spec_path: Path) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from training.common.outcome import EXIT_STOPPED
 from training.data.augment import AugmentedSamples
+from training.data.batch import Unreadable
 from training.dataplane.processes import start_server_process
 from training.dataplane.server import create_server
 from training.dataplane.sources import BatchWork, PremadeBatchSource
@@ -44,10 +45,22 @@ def servers() -> Iterator[list[tuple[grpc.Server, str]]]:
         server.stop(0)
 
 
-def config(tmp_path: Path, addresses: list[str], epochs: int | None = None) -> TrainerConfig:
+def config(
+    tmp_path: Path,
+    addresses: list[str],
+    epochs: int | None = None,
+    *,
+    max_unreadable: float | None = None,
+) -> TrainerConfig:
     spec = write_spec(tmp_path, batch_size=4, steps=5)
     if epochs is not None:
         spec.write_text(spec.read_text().replace("steps = 5", f"epochs = {epochs}"))
+    if max_unreadable is not None:
+        spec.write_text(
+            spec.read_text().replace(
+                "[job.dataset]\n", f"[job.dataset]\nmax_unreadable = {max_unreadable}\n"
+            )
+        )
     run_dir = tmp_path / "run"
     return TrainerConfig.from_spec(load_spec(spec), run_dir=run_dir, data_servers=addresses)
 
@@ -91,7 +104,8 @@ class _SampleZeroUnreadable(PremadeBatchSource):
         empty = np.empty((0, 3, self.image_size, self.image_size), dtype=np.uint8)
         none = np.empty(0, dtype=np.int64)
         future: Future[AugmentedSamples] = Future()
-        future.set_result(AugmentedSamples(empty, none, none, list(work.indices)))
+        skipped = [Unreadable(i, f"synthetic:{i}", "not a readable image") for i in work.indices]
+        future.set_result(AugmentedSamples(empty, none, none, skipped))
         return future
 
 
@@ -99,7 +113,9 @@ def test_batch_of_unreadable_samples_still_takes_a_step(tmp_path: Path) -> None:
     source = _SampleZeroUnreadable(SAMPLES, image_size=32, max_batch=8, num_classes=10)
     server, port = create_server(source, port=0)
     try:
-        trainer = Trainer(config(tmp_path, [f"127.0.0.1:{port}"], epochs=1))
+        # 4 of the epoch's samples unreadable: more than the default share a job accepts.
+        cfg = config(tmp_path, [f"127.0.0.1:{port}"], epochs=1, max_unreadable=0.5)
+        trainer = Trainer(cfg)
         try:
             assert trainer.train() == 0
         finally:

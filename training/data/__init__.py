@@ -1,7 +1,7 @@
 """Datasets (synthetic, image folder, S3 prefix), augmentation recipes and the local loader."""
 
 from training.data.augment import AugmentedSamples, augment_samples, load_image
-from training.data.batch import Batch
+from training.data.batch import Batch, Unreadable
 from training.data.datasets import (
     FolderImages,
     ImageSource,

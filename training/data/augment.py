@@ -1,16 +1,19 @@
-"""Read, decode and augment samples into one uint8 NCHW array; unreadable samples are skipped."""
+"""Read, decode and augment samples into one uint8 NCHW array; unreadable samples are skipped
+and reported by name (``Unreadable``)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
 
+from training.data.batch import Unreadable
 from training.data.datasets import ImageSource
-from training.data.decode import DECODE_ERRORS, decode_image
+from training.data.decode import DECODE_ERRORS, decode_image, decode_problem
+from training.data.names import shown_text
 from training.data.transforms import Transform
 
 log = logging.getLogger(__name__)
@@ -19,28 +22,39 @@ log = logging.getLogger(__name__)
 @dataclass
 class AugmentedSamples:
     """A batch as arrays: ``pixels`` uint8 [N,3,S,S]; ``labels``/``sample_ids`` int64 [N];
-    ``skipped_ids`` lists the requested samples that could not be read or decoded."""
+    ``skipped`` names the requested samples that could not be read or decoded, in order."""
 
     pixels: np.ndarray
     labels: np.ndarray
     sample_ids: np.ndarray
-    skipped_ids: list[int] = field(default_factory=list)
+    skipped: list[Unreadable] = field(default_factory=list)
 
 
-def load_image(source: ImageSource, index: int) -> Image.Image | None:
-    """Sample ``index`` decoded to RGB, or None (logged) when it cannot be read or decoded."""
+def load_image(source: ImageSource, index: int) -> Image.Image | Unreadable:
+    """Sample ``index`` decoded to RGB, or why it cannot be read or decoded (logged, with its
+    name). An index out of range raises ``IndexError``."""
     try:
         data = source.read(index)
     except IndexError:
         raise
     except Exception as e:  # any I/O failure (file gone, S3 error) skips the sample
-        log.warning("skipping sample %d: cannot read it: %s", index, e)
-        return None
+        return _unreadable(source, index, f"cannot read it: {e}")
     try:
         return decode_image(data)
     except DECODE_ERRORS as e:
-        log.warning("skipping sample %d: not a readable image: %s", index, e)
-        return None
+        return _unreadable(source, index, f"not a readable image: {decode_problem(data, e)}")
+
+
+def _unreadable(source: ImageSource, index: int, reason: str) -> Unreadable:
+    # An error may quote a file name whose bytes are not UTF-8.
+    skipped = Unreadable(index, source.name(index), shown_text(reason))
+    log.warning("skipping sample %d (%s): %s", index, skipped.name, skipped.reason)
+    return skipped
+
+
+def list_unreadable(skipped: Iterable[Unreadable]) -> str:
+    """``name: reason`` of each sample, for a log line."""
+    return "; ".join(f"{u.name}: {u.reason}" for u in skipped)
 
 
 def augment_samples(
@@ -50,12 +64,12 @@ def augment_samples(
     pixels = np.empty((len(indices), 3, image_size, image_size), dtype=np.uint8)
     labels = np.empty(len(indices), dtype=np.int64)
     ids = np.empty(len(indices), dtype=np.int64)
-    skipped: list[int] = []
+    skipped: list[Unreadable] = []
     n = 0
     for index in indices:
         image = load_image(source, index)
-        if image is None:
-            skipped.append(index)
+        if isinstance(image, Unreadable):
+            skipped.append(image)
             continue
         pixels[n] = transform(image).numpy()
         labels[n] = source.label(index)

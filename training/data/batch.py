@@ -8,6 +8,19 @@ import torch
 
 
 @dataclass(frozen=True)
+class Unreadable:
+    """A sample that could not be read or decoded, so its batch went without it."""
+
+    sample: int
+    """Its index in the split the batch came from (as ``Batch.sample_ids``)."""
+    name: str
+    """Where it is, as a person finds it: a file's path (bytes that are not UTF-8 shown
+    escaped), an ``s3://`` URI, a prepared shard's ``<shard>[<n>]``, ``synthetic:<i>``."""
+    reason: str
+    """Why: the read's or the decoder's error."""
+
+
+@dataclass(frozen=True)
 class Batch:
     """Augmented images ready for the trainer's device.
 
@@ -20,6 +33,8 @@ class Batch:
     images: torch.Tensor
     labels: torch.Tensor
     sample_ids: torch.Tensor
+    skipped: tuple[Unreadable, ...] = ()
+    """The samples of this batch's range that could not be read (not in ``sample_ids``)."""
 
     def __post_init__(self) -> None:
         n = self.images.shape[0]

@@ -17,6 +17,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 
 from training.common import s3
 from training.data.lazy_s3 import LazyS3Client
+from training.data.names import shown_path
 
 
 class ImageSource(Protocol):
@@ -32,6 +33,11 @@ class ImageSource(Protocol):
         ...
 
     def label(self, index: int) -> int: ...
+
+    def name(self, index: int) -> str:
+        """Where sample ``index`` is, as a person finds it (a file's path, an ``s3://`` URI):
+        text that can be logged and sent anywhere (``training.data.names.shown_path``)."""
+        ...
 
     def describe(self) -> str: ...
 
@@ -68,6 +74,10 @@ class SyntheticImages:
     def label(self, index: int) -> int:
         _check_index(index, self.num_samples)
         return index % self.num_classes
+
+    def name(self, index: int) -> str:
+        _check_index(index, self.num_samples)
+        return f"synthetic:{index}"
 
     def read(self, index: int) -> bytes:
         label = self.label(index)
@@ -123,6 +133,10 @@ class FolderImages:
         _check_index(index, len(self.samples))
         return self.samples[index][1]
 
+    def name(self, index: int) -> str:
+        _check_index(index, len(self.samples))
+        return shown_path(self.samples[index][0])
+
     def read(self, index: int) -> bytes:
         _check_index(index, len(self.samples))
         return Path(self.samples[index][0]).read_bytes()
@@ -167,6 +181,10 @@ class S3Images(LazyS3Client):
     def label(self, index: int) -> int:
         _check_index(index, len(self.keys))
         return self.keys[index][1]
+
+    def name(self, index: int) -> str:
+        _check_index(index, len(self.keys))
+        return s3.s3_uri(self.bucket, self.keys[index][0])
 
     def read(self, index: int) -> bytes:
         _check_index(index, len(self.keys))

@@ -56,19 +56,27 @@ def image_problem(data: bytes) -> str | None:
         return EMPTY
     try:
         image = _open(data)
-    except UnidentifiedImageError:
-        # PIL's message names an in-memory file object: nothing the user can act on.
-        return f"{NOT_AN_IMAGE}: no image format recognises its bytes"
-    except Image.DecompressionBombError as e:
-        return f"{TOO_MANY_PIXELS}: {e}"
     except DECODE_ERRORS as e:
-        return _corrupt(e)
+        return decode_problem(data, e)
     try:
         image.verify()
         decode_image(data)
     except DECODE_ERRORS as e:
         return _corrupt(e)
     return None
+
+
+def decode_problem(data: bytes, error: Exception) -> str:
+    """Why ``data`` did not decode (``decode_image`` raised ``error``), in ``image_problem``'s
+    words."""
+    if not data:
+        return EMPTY
+    if isinstance(error, UnidentifiedImageError):
+        # PIL's message names an in-memory file object: nothing the user can act on.
+        return f"{NOT_AN_IMAGE}: no image format recognises its bytes"
+    if isinstance(error, Image.DecompressionBombError):
+        return f"{TOO_MANY_PIXELS}: {error}"
+    return _corrupt(error)
 
 
 def _corrupt(error: Exception) -> str:

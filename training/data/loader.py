@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from training.common.names import ENV_LOADER_WORKERS
-from training.data.augment import load_image
-from training.data.batch import Batch
+from training.data.augment import list_unreadable, load_image
+from training.data.batch import Batch, Unreadable
 from training.data.datasets import ImageSource
 from training.data.order import epoch_seed, order_for
 from training.data.splits import build_split
@@ -25,11 +25,12 @@ from training.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-_Item = tuple[torch.Tensor | None, int, int]
+_Item = tuple[torch.Tensor | Unreadable, int, int]
 
 
 class AugmentedImages(Dataset[_Item]):
-    """``(uint8 [3,S,S] tensor or None if unreadable, label, sample id)`` per index."""
+    """``(uint8 [3,S,S] tensor, or why the sample is unreadable; label, sample id)`` per
+    index."""
 
     def __init__(self, source: ImageSource, transform: Transform) -> None:
         self.source = source
@@ -40,27 +41,26 @@ class AugmentedImages(Dataset[_Item]):
 
     def __getitem__(self, index: int) -> _Item:
         image = load_image(self.source, index)
-        if image is None:
-            return None, -1, index
+        if isinstance(image, Unreadable):
+            return image, -1, index
         return self.transform(image), self.source.label(index), index
 
 
 def collate_batch(items: list[_Item]) -> Batch:
-    """Stack the readable items into a ``Batch``; unreadable ones are dropped and logged."""
-    kept = [(img, label, idx) for img, label, idx in items if img is not None]
-    if len(kept) < len(items):
-        skipped = [idx for img, _, idx in items if img is None]
-        log.warning("batch: skipped %d unreadable sample(s): %s", len(skipped), skipped)
-    if not kept:
-        return Batch(
-            images=torch.empty((0, 3, 0, 0), dtype=torch.uint8),
-            labels=torch.empty(0, dtype=torch.int64),
-            sample_ids=torch.empty(0, dtype=torch.int64),
+    """Stack the readable items into a ``Batch``; the unreadable ones go to its ``skipped``
+    (and the log, by name)."""
+    images = [img for img, _, _ in items if isinstance(img, torch.Tensor)]
+    kept = [(label, idx) for img, label, idx in items if isinstance(img, torch.Tensor)]
+    skipped = tuple(img for img, _, _ in items if isinstance(img, Unreadable))
+    if skipped:
+        log.warning(
+            "batch: skipped %d unreadable sample(s): %s", len(skipped), list_unreadable(skipped)
         )
     return Batch(
-        images=torch.stack([img for img, _, _ in kept if img is not None]),
-        labels=torch.tensor([label for _, label, _ in kept], dtype=torch.int64),
-        sample_ids=torch.tensor([idx for _, _, idx in kept], dtype=torch.int64),
+        images=torch.stack(images) if images else torch.empty((0, 3, 0, 0), dtype=torch.uint8),
+        labels=torch.tensor([label for label, _ in kept], dtype=torch.int64),
+        sample_ids=torch.tensor([idx for _, idx in kept], dtype=torch.int64),
+        skipped=skipped,
     )
 
 

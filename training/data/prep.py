@@ -52,6 +52,7 @@ from training.data.manifest import (
     SplitIndex,
     sha256_hex,
 )
+from training.data.names import shown_path
 from training.data.prep_inputs import (
     DEFAULT_READ_THREADS,
     PrepError,
@@ -59,7 +60,6 @@ from training.data.prep_inputs import (
     UnreadableImages,
     plan_splits,
     read_ordered,
-    shown_path,
 )
 from training.data.prep_output import Output, open_output, s3_client
 from training.data.tar_format import ShardRecord, ShardWriter, image_offsets

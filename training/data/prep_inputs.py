@@ -24,6 +24,7 @@ from training.common import s3
 from training.data.datasets import FolderImages, S3Images
 from training.data.decode import image_problem
 from training.data.manifest import Excluded
+from training.data.names import shown_path
 from training.data.splits import check_same_classes, seeded_order, split_indices
 
 DEFAULT_READ_THREADS = 32
@@ -42,12 +43,6 @@ class UnreadableImages(PrepError):
         self.images = sorted(images, key=lambda e: e.path)
         lines = "".join(f"\n  {e.path}: {e.reason}" for e in self.images)
         super().__init__(f"{headline}:{lines}")
-
-
-def shown_path(path: str) -> str:
-    """``path`` as text that can be printed and stored anywhere: bytes of a file name that are
-    not UTF-8 (kept by Python as surrogate escapes) written as ``\\xNN``."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _is_text(name: str) -> bool:

@@ -41,6 +41,7 @@ from training.data.manifest import (
     folder_of,
     load_manifest,
 )
+from training.data.names import shown_path
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,12 @@ class ShardImages(LazyS3Client):
     def label(self, index: int) -> int:
         self.index.shard_of(index)  # the range check
         return self.index.label[index]
+
+    def name(self, index: int) -> str:
+        """``<the manifest's folder>/<shard file>[<n>]``: the sample's shard and its position
+        in it."""
+        shard = self.index.shards[self.index.shard_of(index)]
+        return f"{shown_path(self.folder + shard.name)}[{index - shard.first}]"
 
     def shard_layout(self) -> tuple[list[int], int]:
         """(samples per shard, window): what the epoch order needs."""

@@ -14,7 +14,7 @@ server and its worker processes) takes ``build_split(spec, "train")`` (or ``buil
 a validation image is never trained on.
 
 Sample ids: a split is an ``ImageSource`` of its own, and the sample ids a batch carries
-(``Batch.sample_ids``, the wire's ``sample_ids``/``skipped_ids``) are indices into that split's
+(``Batch.sample_ids``, the wire's ``sample_ids``/``unreadable``) are indices into that split's
 source, ``0 .. len(split) - 1``: into the training split for training batches, into the
 validation split for validation batches. ``SubsetImages.base_index`` maps one back to the
 index in the whole source. With no validation configured, training ids are dataset indices as
@@ -95,6 +95,9 @@ class SubsetImages:
 
     def label(self, index: int) -> int:
         return self.source.label(self.base_index(index))
+
+    def name(self, index: int) -> str:
+        return self.source.name(self.base_index(index))
 
     def describe(self) -> str:
         return f"{len(self)} samples of {self.source.describe()}"

@@ -23,7 +23,7 @@ import torch
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from training.data.augment import AugmentedSamples
+from training.data.augment import AugmentedSamples, list_unreadable
 from training.data.order import batch_seed
 from training.data.splits import Split, parse_split
 from training.data.transforms import EvalTransform, decode_recipe, encode_recipe
@@ -263,9 +263,12 @@ class DataPlaneServicer:
                 if not context.is_active():
                     return None
                 time.sleep(min(_POLL_S, left))
-        skipped = [i for part in made for i in part.skipped_ids]
+        skipped = [u for part in made for u in part.skipped]
         if skipped:
-            log.warning("skipped %d unreadable sample(s): %s", len(skipped), skipped)
+            log.warning(
+                "batch [%d, %d): skipped %d unreadable sample(s): %s",
+                start, stop, len(skipped), list_unreadable(skipped),
+            )  # fmt: skip
         return encode_batch(made, start, stop), charge
 
     # ---- RPCs ----------------------------------------------------------------------------

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from training.data.augment import AugmentedSamples
-from training.data.batch import Batch
+from training.data.batch import Batch, Unreadable
+from training.data.names import shown_text
 from training.dataplane.v1 import dataplane_pb2
 
 # Images are read-only views on the received bytes (no copy: receive CPU is what the design
@@ -48,14 +49,14 @@ class ReceivedBatch:
     position_start: int
     position_stop: int
     skipped: int
+    """Samples of the range that could not be read (``batch.skipped`` names them)."""
 
     def pinned(self) -> ReceivedBatch:
         """This batch with its images copied into page-locked memory (needs a CUDA host): a
         GPU then copies them straight from there, with no staging copy on the trainer's
         thread."""
-        b = self.batch
-        images = b.images.pin_memory()
-        return dataclasses.replace(self, batch=Batch(images, b.labels, b.sample_ids))
+        batch = dataclasses.replace(self.batch, images=self.batch.images.pin_memory())
+        return dataclasses.replace(self, batch=batch)
 
 
 def _varint(value: int) -> bytes:
@@ -97,7 +98,14 @@ def encode_batch(
         sample_ids=np.concatenate([p.sample_ids for p in parts]).tolist(),
         position_start=position_start,
         position_stop=position_stop,
-        skipped_ids=[i for p in parts for i in p.skipped_ids],
+        unreadable=[
+            # shown_text: a string field must be valid UTF-8, or serializing the batch fails.
+            dataplane_pb2.Unreadable(
+                sample=u.sample, name=shown_text(u.name), reason=shown_text(u.reason)
+            )
+            for p in parts
+            for u in p.skipped
+        ],
     ).SerializeToString()
     nbytes = sum(p.nbytes for p in pixels)
     if nbytes == 0:
@@ -154,7 +162,6 @@ def decode_batch(data: bytes) -> ReceivedBatch:
         images=images,
         labels=torch.tensor(header.labels, dtype=torch.int64),
         sample_ids=torch.tensor(header.sample_ids, dtype=torch.int64),
+        skipped=tuple(Unreadable(u.sample, u.name, u.reason) for u in header.unreadable),
     )
-    return ReceivedBatch(
-        batch, header.position_start, header.position_stop, len(header.skipped_ids)
-    )
+    return ReceivedBatch(batch, header.position_start, header.position_stop, len(header.unreadable))

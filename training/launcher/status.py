@@ -292,12 +292,34 @@ def render(status: JobStatus) -> None:
             str(inst["az"]), str(inst["address"]), str(host.get("state", "-")), shown or "-",
         )  # fmt: skip
     console.print(instances)
-    for line in [*evicted_text(status.evicted), *hangs_text(status.hangs, status.checkpoint_uri)]:
+    lines = [
+        *unreadable_text(status.hosts),
+        *evicted_text(status.evicted),
+        *hangs_text(status.hangs, status.checkpoint_uri),
+    ]
+    for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"newest complete checkpoint: {status.newest_checkpoint or 'none'}")
     console.print(f"model (model.safetensors + config.json): {status.model or 'not yet'}")
     for e in status.errors:
         console.print(f"[red]could not read[/] {e}")
+
+
+def unreadable_text(hosts: dict[str, dict[str, Any]]) -> list[str]:
+    """The training samples the job left out as unreadable, from the trainer's last metrics
+    (rank 0's host): the count and the first names; the run's summary.json lists them all."""
+    counts = [
+        (m.get("unreadable_samples") or 0, m.get("unreadable_first") or [])
+        for m in (h.get("metrics") or {} for h in hosts.values())
+    ]
+    count, first = max(counts, key=lambda c: c[0], default=(0, []))
+    if not count:
+        return []
+    more = ", ..." if count > len(first) else ""
+    return [
+        f"unreadable training samples: {count}, left out ({', '.join(first)}{more}); the run's "
+        "summary.json names every one"
+    ]
 
 
 def evicted_text(evicted: dict[str, dict[str, Any]]) -> list[str]:

@@ -293,6 +293,7 @@ def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
             image_size=r.positive(ds_t, "image_size", d.dataset.image_size, minimum=16),
             val_path=val_path,
             val_fraction=val_fraction,
+            max_unreadable=_fraction(r, ds_t, "max_unreadable", d.dataset.max_unreadable),
             split_seed=r.get(ds_t, "split_seed", int, d.dataset.split_seed),
             manifest_sha256=manifest_sha256.lower() if manifest_sha256 else None,
             shuffle_shards=r.positive(ds_t, "shuffle_shards", d.dataset.shuffle_shards),

@@ -163,6 +163,12 @@ class DatasetSpec:
     val_fraction: float = 0.0
     """Or: hold out this share of the dataset for validation (a split seeded by
     ``split_seed`` that never overlaps training); 0 with no ``val_path``: no validation."""
+    max_unreadable: float = 0.01
+    """The share of the training samples that may be unreadable (a file that cannot be read or
+    decoded; the data path leaves it out of its batch, and the job lists it by name in its
+    summary). Above it, judged once 1,000 samples (or the first epoch, if shorter) have been
+    met, the job fails with the list: a dataset mostly unreadable is not trained on. 0: the
+    first unreadable sample ends the job; 1: never."""
     split_seed: int = 0
     """Seed of the ``val_fraction`` split (kept apart from ``job.seed``, so changing the
     training seed keeps the same validation set)."""

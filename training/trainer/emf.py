@@ -66,6 +66,7 @@ EMF_METRICS: Final[tuple[EmfMetric, ...]] = (
     EmfMetric("CheckpointAge", "Seconds", "checkpoint_age_s"),
     EmfMetric("DataServers", "Count", "data_servers"),
     EmfMetric("DataServersTarget", "Count", "data_servers_target"),
+    EmfMetric("UnreadableSamples", "Count", "unreadable_samples"),
 )
 """The metrics every interval line may carry, in this order (the dashboard graphs these).
 ``DataServers`` (servers serving now) and ``DataServersTarget`` (the data-tier controller's

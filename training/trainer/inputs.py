@@ -5,6 +5,7 @@ Each input is a ``BatchStream`` (``training.trainer.stream``: the contract every
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from training.data import Batch, build_split, epoch_order, local_loader
+from training.data.batch import Unreadable
 from training.spec import JobSpec
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.remote import DataPlaneBatches
@@ -125,6 +127,9 @@ class LocalBatches:
         return it
 
     def next(self) -> Batch:
+        """The next batch with a readable sample; the unreadable samples of the batches passed
+        over come with it (``Batch.skipped``)."""
+        passed: tuple[Unreadable, ...] = ()
         while True:
             if self._batch >= self.batches_per_epoch:
                 self.epoch, self._batch, self._iter = self.epoch + 1, 0, None
@@ -135,7 +140,8 @@ class LocalBatches:
             batch = next(self._iter)
             self._batch += 1
             if len(batch):
-                return batch
+                return dataclasses.replace(batch, skipped=passed + batch.skipped)
+            passed += batch.skipped
             log.warning("epoch %d batch %d: no readable sample, skipped", self.epoch, self._batch)
 
     def state_dict(self) -> dict[str, Any]:

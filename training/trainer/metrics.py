@@ -141,6 +141,8 @@ class RunFacts:
 
 
 EVAL_KIND = "eval"
+UNREADABLE_SHOWN = 10
+"""Unreadable samples the summary table names."""
 """``metrics.jsonl``'s ``kind`` of a validation record; interval records have no ``kind``."""
 
 
@@ -339,6 +341,8 @@ class MetricsLogger:
                     targets=self.facts.accuracy_targets,
                 )
             self._console.print(summary_table(summary))
+            for line in unreadable_lines(summary.get("unreadable")):
+                self._console.print(line, markup=False, highlight=False, soft_wrap=True)
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
@@ -535,6 +539,20 @@ def accuracy_rows(accuracy: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def unreadable_lines(unreadable: Mapping[str, Any] | None) -> list[str]:
+    """The training samples left out as unreadable, printed under the summary table whole
+    (paths are long): each by name with its reason, the first ``UNREADABLE_SHOWN``
+    (summary.json lists more)."""
+    if not unreadable or not unreadable["count"]:
+        return []
+    count, listed = unreadable["count"], unreadable["samples"]
+    lines = [f"left out {count} unreadable training sample(s):"]
+    lines += [f"  {u['name']}: {u['reason']}" for u in listed[:UNREADABLE_SHOWN]]
+    if count > UNREADABLE_SHOWN:
+        lines.append(f"  ... and {count - UNREADABLE_SHOWN} more (summary.json's unreadable)")
+    return lines
+
+
 def summary_table(s: Mapping[str, Any]) -> Table:
     table = Table(title="training summary (steady state: first interval left out)")
     table.add_column("metric")
@@ -554,6 +572,8 @@ def summary_table(s: Mapping[str, Any]) -> Table:
     ]
     if s.get("accuracy"):
         rows.extend(accuracy_rows(s["accuracy"]))
+    if s.get("unreadable") is not None:
+        rows.append(("unreadable samples", f"{s['unreadable']['count']} (left out)"))
     for name, value in rows:
         table.add_row(name, value)
     return table

@@ -8,9 +8,11 @@ rank act on the same step.
 
 Ranks may receive a signal at different steps, so once per step they all-reduce (MAX) a few
 flags on a CPU (gloo) group: stop, void (this step must not be applied), checkpoint now,
-"my background save is still busy" (its MAX is true while any rank's is) and "my loss or
-gradient norm is not finite" (no rank applies the step: ``training.trainer.nonfinite``). One
-small collective per step, and no rank leaves a collective the others are still in.
+"my background save is still busy" (its MAX is true while any rank's is), "my loss or
+gradient norm is not finite" (no rank applies the step: ``training.trainer.nonfinite``) and "my
+batches held unreadable samples" (every rank then learns their names:
+``training.trainer.unreadable``). One small collective per step, and no rank leaves a collective
+the others are still in.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class StepFlags:
     """No rank has background checkpoint work in flight."""
     nonfinite: bool = False
     """Some rank's loss or gradient norm is not finite: no rank applies this step."""
+    unreadable: bool = False
+    """Some rank met unreadable samples since the last step: every rank shares them now."""
 
 
 class StopSignal:
@@ -89,6 +93,11 @@ class StopSignal:
         return self._event.is_set()
 
     @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The CPU group the ranks agree over (None: the default group)."""
+        return self._group
+
+    @property
     def signal_name(self) -> str | None:
         return signal.Signals(self._signum).name if self._signum is not None else None
 
@@ -97,26 +106,31 @@ class StopSignal:
         self._event.set()
 
     def agree(
-        self, void: bool = False, save_busy: bool = False, nonfinite: bool = False
+        self,
+        void: bool = False,
+        save_busy: bool = False,
+        nonfinite: bool = False,
+        unreadable: bool = False,
     ) -> StepFlags:
         """The flags of every rank combined, the same on every rank (one collective).
         ``void``: this rank has no data for this step; ``save_busy``: this rank's background
         checkpoint work has not finished; ``nonfinite``: this rank's loss or gradient norm is
-        not finite."""
+        not finite; ``unreadable``: this rank met unreadable samples not yet shared."""
         requests = self._checkpoint_requests
         wants_checkpoint = requests > self._checkpoint_served
-        local = (self.local, void, wants_checkpoint, save_busy, nonfinite)
+        local = (self.local, void, wants_checkpoint, save_busy, nonfinite, unreadable)
         if dist.is_initialized() and dist.get_world_size() > 1:
             flags = torch.tensor([int(v) for v in local], dtype=torch.int32)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
-            stop, any_void, checkpoint, busy, bad = (bool(v) for v in flags.tolist())
+            stop, any_void, checkpoint, busy, bad, skipped = (bool(v) for v in flags.tolist())
         else:
-            stop, any_void, checkpoint, busy, bad = local
+            stop, any_void, checkpoint, busy, bad, skipped = local
         if checkpoint:
             # Served by the save every rank now makes, whoever asked for it.
             self._checkpoint_served = requests
         if stop and not self.local:
             log.info("another rank is stopping: stopping at this step too")
         return StepFlags(
-            stop=stop, void=any_void, checkpoint_now=checkpoint, saves_done=not busy, nonfinite=bad
-        )
+            stop=stop, void=any_void, checkpoint_now=checkpoint, saves_done=not busy,
+            nonfinite=bad, unreadable=skipped,
+        )  # fmt: skip

@@ -47,7 +47,7 @@ IMAGES_SHOWN = 16
 TRAIN_TAGS = (
     "loss", "lr", "grad_norm", "grad_norm_max", "nonfinite_steps", "samples_per_s",
     "step_time_s", "data_wait_share", "samples_per_usd", "mfu", "gpu_util_pct",
-    "data_servers", "data_servers_target", "checkpoint_age_s",
+    "data_servers", "data_servers_target", "checkpoint_age_s", "unreadable_samples",
 )  # fmt: skip
 """The interval record's fields written under ``train/``."""
 VAL_TAGS = ("top1", "top5", "val_loss", "ema_top1", "ema_top5", "ema_val_loss", "usd")

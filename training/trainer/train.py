@@ -73,6 +73,7 @@ from training.trainer.sample_log import SampleLog
 from training.trainer.signals import StopSignal
 from training.trainer.stream import BatchStream, DataInterrupted, EndOfData, to_device
 from training.trainer.tensorboard_log import TensorBoardLog, run_text
+from training.trainer.unreadable import UnreadableSamples
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,6 +131,12 @@ class Trainer:
             self.optimizer, job, self._planned_steps(), world_size=self.world_size
         )
         self.nonfinite = NonFiniteSteps(job.max_nonfinite_steps)
+        self._step_samples = config.batch_size * self.world_size * config.grad_accum_steps
+        per_epoch = getattr(self.stream, "batches_per_epoch", None)
+        self.unreadable = UnreadableSamples(
+            job.dataset.max_unreadable,
+            epoch_samples=per_epoch * config.batch_size * self.world_size if per_epoch else None,
+        )
         self.recipe = BatchRecipe(
             job, num_classes=config.model.num_classes, device=self.device, rank=self.rank,
             stochastic_model=is_stochastic(model),
@@ -155,6 +162,7 @@ class Trainer:
         if self.ema is not None:
             self.checkpointer.extra["ema"] = self.ema.module
         self.checkpointer.train_state["nonfinite"] = self.nonfinite
+        self.checkpointer.train_state["unreadable"] = self.unreadable
         self.checkpointer.check_shared_folder()
         self.policy = CheckpointPolicy(
             self.checkpointer, interval_steps=ckpt.interval_steps, async_save=ckpt.async_save,
@@ -332,6 +340,7 @@ class Trainer:
                         # collectives need this rank; the step is then not applied.
                         void, batch = True, self._blank
                     interval.data_wait_s += time.perf_counter() - t0
+                    self.unreadable.met(batch)
                     if micro == 0:
                         epoch = self.inputs.epoch  # the epoch this step's first batch is from
                         self._show_inputs(batch)
@@ -359,7 +368,12 @@ class Trainer:
                 # While the GPU still runs this step: the read below waits for it to finish.
                 interval.data_wait_s += self.inputs.take_ahead()
             numbers = StepNumbers.read(step_loss, grad_norm)
-            flags = self.stop.agree(void, save_busy=self.policy.busy, nonfinite=not numbers.finite)
+            flags = self.stop.agree(
+                void, save_busy=self.policy.busy, nonfinite=not numbers.finite,
+                unreadable=self.unreadable.pending,
+            )  # fmt: skip
+            if flags.unreadable:
+                self.unreadable.share(self.world_size, self.stop.group)
             if flags.void:
                 # A rank was stopped before it had this step's data: no rank applies the step,
                 # and the checkpoint keeps every rank's position from before it (no sample lost
@@ -390,6 +404,7 @@ class Trainer:
             self.step += 1
             interval.steps += 1
             self.progress.beat(self.step, "train")
+            self.unreadable.judge(self.step * self._step_samples)  # raises past the share
             if self.ema is not None and not flags.nonfinite:
                 self.ema.update(unwrap(self.model), step=self.step)
             if self.samples is not None:
@@ -453,6 +468,7 @@ class Trainer:
                 "checkpoint": self.policy.summary(),
                 "recipe": recipe_summary(self.config.spec.job, self.world_size),
                 "nonfinite_steps": self.nonfinite.skipped,
+                "unreadable": self.unreadable.summary(),
                 "data_config": self.data.as_dict(),
                 "model": exported,
             }
@@ -558,13 +574,11 @@ class Trainer:
         loss, wait_share = (float(v) for v in t.tolist())
         if not math.isfinite(loss):
             log.warning("step %d: loss is %s", self.step, loss)
-        extra = None
+        extra = self.unreadable.record_fields()
         if self.autoscaler is not None:
             self.autoscaler.observe(self.step, wait_share)
-            extra = {
-                "data_servers": self.autoscaler.serving,
-                "data_servers_target": self.autoscaler.count,
-            }
+            extra["data_servers"] = self.autoscaler.serving
+            extra["data_servers_target"] = self.autoscaler.count
         self.metrics.log(
             self.step, interval, loss=loss, lr=lr, data_wait_share=wait_share,
             epoch=self.inputs.epoch, checkpoint_age_s=self.policy.checkpoint_age_s(),

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%training/dataplane/v1/dataplane.proto\x12\x15training.dataplane.v1\"\x97\x01\n\x14StreamBatchesRequest\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0c\n\x04stop\x18\x04 \x01(\x04\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x0e\n\x06recipe\x18\x06 \x01(\t\x12\x12\n\nimage_size\x18\x07 \x01(\r\x12\r\n\x05split\x18\x08 \x01(\t\"\x9d\x01\n\x05\x42\x61tch\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0e\n\x06pixels\x18\x03 \x01(\x0c\x12\x0e\n\x06labels\x18\x04 \x03(\x03\x12\x12\n\nsample_ids\x18\x05 \x03(\x03\x12\x16\n\x0eposition_start\x18\x06 \x01(\x04\x12\x15\n\rposition_stop\x18\x07 \x01(\x04\x12\x13\n\x0bskipped_ids\x18\x08 \x03(\x03\"\x10\n\x0eGetInfoRequest\"\xf2\x01\n\nServerInfo\x12\x13\n\x0bnum_samples\x18\x01 \x01(\x04\x12\x13\n\x0bnum_classes\x18\x02 \x01(\r\x12\x12\n\nimage_size\x18\x03 \x01(\r\x12\x16\n\x0e\x64\x65\x66\x61ult_recipe\x18\x04 \x01(\t\x12\x0f\n\x07recipes\x18\x05 \x03(\t\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07workers\x18\x07 \x01(\r\x12\x17\n\x0fnum_val_samples\x18\x08 \x01(\x04\x12\x0e\n\x06\x62usy_s\x18\t \x01(\x01\x12\x10\n\x08uptime_s\x18\n \x01(\x01\x12\x16\n\x0e\x61\x63tive_streams\x18\x0b \x01(\r\"\"\n\x0fShutdownRequest\x12\x0f\n\x07grace_s\x18\x01 \x01(\x01\"\x12\n\x10ShutdownResponse2\x9b\x02\n\tDataPlane\x12\\\n\rStreamBatches\x12+.training.dataplane.v1.StreamBatchesRequest\x1a\x1c.training.dataplane.v1.Batch0\x01\x12S\n\x07GetInfo\x12%.training.dataplane.v1.GetInfoRequest\x1a!.training.dataplane.v1.ServerInfo\x12[\n\x08Shutdown\x12&.training.dataplane.v1.ShutdownRequest\x1a\'.training.dataplane.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%training/dataplane/v1/dataplane.proto\x12\x15training.dataplane.v1\"\x97\x01\n\x14StreamBatchesRequest\x12\x0c\n\x04seed\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0c\n\x04stop\x18\x04 \x01(\x04\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x0e\n\x06recipe\x18\x06 \x01(\t\x12\x12\n\nimage_size\x18\x07 \x01(\r\x12\r\n\x05split\x18\x08 \x01(\t\"\xc5\x01\n\x05\x42\x61tch\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0e\n\x06pixels\x18\x03 \x01(\x0c\x12\x0e\n\x06labels\x18\x04 \x03(\x03\x12\x12\n\nsample_ids\x18\x05 \x03(\x03\x12\x16\n\x0eposition_start\x18\x06 \x01(\x04\x12\x15\n\rposition_stop\x18\x07 \x01(\x04\x12\x35\n\nunreadable\x18\t \x03(\x0b\x32!.training.dataplane.v1.UnreadableJ\x04\x08\x08\x10\t\":\n\nUnreadable\x12\x0e\n\x06sample\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x10\n\x0eGetInfoRequest\"\xf2\x01\n\nServerInfo\x12\x13\n\x0bnum_samples\x18\x01 \x01(\x04\x12\x13\n\x0bnum_classes\x18\x02 \x01(\r\x12\x12\n\nimage_size\x18\x03 \x01(\r\x12\x16\n\x0e\x64\x65\x66\x61ult_recipe\x18\x04 \x01(\t\x12\x0f\n\x07recipes\x18\x05 \x03(\t\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07workers\x18\x07 \x01(\r\x12\x17\n\x0fnum_val_samples\x18\x08 \x01(\x04\x12\x0e\n\x06\x62usy_s\x18\t \x01(\x01\x12\x10\n\x08uptime_s\x18\n \x01(\x01\x12\x16\n\x0e\x61\x63tive_streams\x18\x0b \x01(\r\"\"\n\x0fShutdownRequest\x12\x0f\n\x07grace_s\x18\x01 \x01(\x01\"\x12\n\x10ShutdownResponse2\x9b\x02\n\tDataPlane\x12\\\n\rStreamBatches\x12+.training.dataplane.v1.StreamBatchesRequest\x1a\x1c.training.dataplane.v1.Batch0\x01\x12S\n\x07GetInfo\x12%.training.dataplane.v1.GetInfoRequest\x1a!.training.dataplane.v1.ServerInfo\x12[\n\x08Shutdown\x12&.training.dataplane.v1.ShutdownRequest\x1a\'.training.dataplane.v1.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMBATCHESREQUEST']._serialized_start=65
   _globals['_STREAMBATCHESREQUEST']._serialized_end=216
   _globals['_BATCH']._serialized_start=219
-  _globals['_BATCH']._serialized_end=376
-  _globals['_GETINFOREQUEST']._serialized_start=378
-  _globals['_GETINFOREQUEST']._serialized_end=394
-  _globals['_SERVERINFO']._serialized_start=397
-  _globals['_SERVERINFO']._serialized_end=639
-  _globals['_SHUTDOWNREQUEST']._serialized_start=641
-  _globals['_SHUTDOWNREQUEST']._serialized_end=675
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=677
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=695
-  _globals['_DATAPLANE']._serialized_start=698
-  _globals['_DATAPLANE']._serialized_end=981
+  _globals['_BATCH']._serialized_end=416
+  _globals['_UNREADABLE']._serialized_start=418
+  _globals['_UNREADABLE']._serialized_end=476
+  _globals['_GETINFOREQUEST']._serialized_start=478
+  _globals['_GETINFOREQUEST']._serialized_end=494
+  _globals['_SERVERINFO']._serialized_start=497
+  _globals['_SERVERINFO']._serialized_end=739
+  _globals['_SHUTDOWNREQUEST']._serialized_start=741
+  _globals['_SHUTDOWNREQUEST']._serialized_end=775
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=777
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=795
+  _globals['_DATAPLANE']._serialized_start=798
+  _globals['_DATAPLANE']._serialized_end=1081
 # @@protoc_insertion_point(module_scope)

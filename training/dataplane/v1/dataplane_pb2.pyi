@@ -81,7 +81,7 @@ class Batch(_message.Message):
     SAMPLE_IDS_FIELD_NUMBER: _builtins.int
     POSITION_START_FIELD_NUMBER: _builtins.int
     POSITION_STOP_FIELD_NUMBER: _builtins.int
-    SKIPPED_IDS_FIELD_NUMBER: _builtins.int
+    UNREADABLE_FIELD_NUMBER: _builtins.int
     dtype: _builtins.str
     """"uint8" """
     pixels: _builtins.bytes
@@ -102,8 +102,8 @@ class Batch(_message.Message):
         """N indices into the request's split, in image order"""
 
     @_builtins.property
-    def skipped_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """indices (of the split) in that range that could not be read"""
+    def unreadable(self) -> _containers.RepeatedCompositeFieldContainer[Global___Unreadable]:
+        """the samples of that range that could not be read"""
 
     def __init__(
         self,
@@ -115,15 +115,47 @@ class Batch(_message.Message):
         sample_ids: _abc.Iterable[_builtins.int] | None = ...,
         position_start: _builtins.int = ...,
         position_stop: _builtins.int = ...,
-        skipped_ids: _abc.Iterable[_builtins.int] | None = ...,
+        unreadable: _abc.Iterable[Global___Unreadable] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "labels", b"labels", "pixels", b"pixels", "position_start", b"position_start", "position_stop", b"position_stop", "sample_ids", b"sample_ids", "shape", b"shape", "skipped_ids", b"skipped_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "labels", b"labels", "pixels", b"pixels", "position_start", b"position_start", "position_stop", b"position_stop", "sample_ids", b"sample_ids", "shape", b"shape", "unreadable", b"unreadable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Batch: _TypeAlias = Batch  # noqa: Y015
+
+@_typing.final
+class Unreadable(_message.Message):
+    """A sample that could not be read or decoded; its batch went without it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SAMPLE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    sample: _builtins.int
+    """its index into the request's split (as sample_ids)"""
+    name: _builtins.str
+    """Where it is, as a person finds it: a file's path (bytes that are not UTF-8 written as
+    \\xNN), an s3:// URI, a prepared shard's <folder>/<shard file>[<n>], synthetic:<i>.
+    """
+    reason: _builtins.str
+    """the read's or the decoder's error"""
+    def __init__(
+        self,
+        *,
+        sample: _builtins.int = ...,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "reason", b"reason", "sample", b"sample"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Unreadable: _TypeAlias = Unreadable  # noqa: Y015
 
 @_typing.final
 class GetInfoRequest(_message.Message):
