@@ -44,6 +44,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.shard_read_clients",
         "prepared-dataset shards from moto S3 into files: boto3 vs s3torchconnector (optional)",
     ),
+    "prep": (
+        "benchmarks.prep",
+        "hetero dataset prep of ImageNet-size JPEGs from a folder and S3; the ImageNet-1k estimate",
+    ),
     "autoscale": (
         "benchmarks.autoscale",
         "elastic data tier vs fixed counts, throttled servers and a paced trainer (hetero local)",

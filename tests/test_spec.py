@@ -321,13 +321,25 @@ def test_cli_check_reports_problems(tmp_path: Path) -> None:
 
 
 def test_cli_check_warns_about_several_types_in_a_cluster_placement_group(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from training import cli
 
     monkeypatch.setenv("COLUMNS", "1000")  # one line per row: no wrapping
-    # cluster.toml: 2 Spot trainers of g5.xlarge or g6.xlarge (cluster by default), dataprep none.
+    # cluster.toml: 1 Spot trainer of g5.xlarge or g6.xlarge, so no cluster placement group
+    # anywhere and nothing to warn about (the default a first deploy uses: README.md).
     assert cli.main(["spec", "check", "--spec", str(REPO / "cluster.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "placement: trainer none, dataprep none" in out.splitlines()
+    assert not [line for line in out.splitlines() if line.startswith("warning:")]
+    # Two such trainers: a cluster placement group (by default) with two instance types.
+    text = (REPO / "cluster.toml").read_text()
+    one = 'instance_types = ["g5.xlarge", "g6.xlarge"]      # required, ordered by preference\n'
+    one += "count = 1 "
+    assert one in text
+    path = tmp_path / "two.toml"
+    path.write_text(text.replace(one, one.replace("count = 1 ", "count = 2 "), 1))
+    assert cli.main(["spec", "check", "--spec", str(path)]) == 0
     out = capsys.readouterr().out
     assert "placement: trainer cluster, dataprep none" in out.splitlines()
     warnings = [line for line in out.splitlines() if line.startswith("warning:")]
@@ -763,13 +775,13 @@ def test_cli_check_prices_each_group_at_its_most_offline_and_says_what_the_cap_l
         "list prices of 2026-07-20, Spot = 0.35 x On-Demand; hetero job start records the day's "
         "prices from AWS instead):"
     )
-    # cluster.toml: 2 Spot trainers of g5.xlarge (1.006, dearer than g6.xlarge's 0.8048) and
+    # cluster.toml: 1 Spot trainer of g5.xlarge (1.006, dearer than g6.xlarge's 0.8048) and
     # the dataprep group at max_count 4 of c7i.4xlarge (0.714, dearer than c6i.4xlarge's 0.68).
     assert out[start + 1 : start + 6] == [
         "  group     at its most      market  USD/h each  USD/h   source, as of",
-        "  trainer   2 x g5.xlarge    spot    0.3521      0.7042  catalogue, 2026-07-20",
+        "  trainer   1 x g5.xlarge    spot    0.3521      0.3521  catalogue, 2026-07-20",
         "  dataprep  4 x c7i.4xlarge  spot    0.2499      0.9996  catalogue, 2026-07-20",
-        "  total at its most: 1.7038 USD/h",
+        "  total at its most: 1.3517 USD/h",
         "not in job.max_usd: EBS root volumes (billed per GB-month while they exist), data "
         "transfer, and the network stack's interface endpoints:",
     ]

@@ -106,6 +106,10 @@ def test_an_old_client_reads_a_new_server_info() -> None:
     file_proto.name = "old/dataplane.proto"
     file_proto.package = "old.training.dataplane.v1"
     del file_proto.service[:]
+    for m in file_proto.message_type:  # fields of message types name them in the new package
+        for f in m.field:
+            if f.type_name.startswith(".training.dataplane.v1."):
+                f.type_name = ".old" + f.type_name
     (message,) = [m for m in file_proto.message_type if m.name == "ServerInfo"]
     kept = [f for f in message.field if f.number <= 8]
     del message.field[:]

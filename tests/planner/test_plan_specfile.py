@@ -39,7 +39,11 @@ def offline_plan(spec_path: Path, compare: list[str] = COMPARE) -> Plan:
 def test_winner_is_written_and_the_spec_check_accepts_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source = REPO / "cluster.toml"
+    # cluster.toml with two trainers instead of its one, so the winner's one GPU takes more steps.
+    text = (REPO / "cluster.toml").read_text()
+    assert "\ncount = 1 " in text  # the trainer group's, the first group
+    source = tmp_path / "two-trainers.toml"
+    source.write_text(text.replace("\ncount = 1 ", "\ncount = 2 ", 1))
     original = load_spec(source)
     plan = offline_plan(source)
     winner = plan.rows[0]
@@ -58,10 +62,10 @@ def test_winner_is_written_and_the_spec_check_accepts_it(
         (winner.dataprep.instance_type,),
         winner.dataprep.count,
     )
-    # Same samples as the spec: 5000 steps x 64 x 2 ranks = 640,000 -> 10,000 steps on 1 GPU.
-    assert original.job.total_steps == 5000 and original.world_size == 2
-    assert written.job.steps == math.ceil(640_000 / 64) == 10_000
-    assert written.job.checkpoint.interval_steps == min(winner.interval_steps, 10_000)
+    # Same samples as the spec: 1000 steps x 64 x 2 ranks = 128,000 -> 2,000 steps on 1 GPU.
+    assert original.job.total_steps == 1000 and original.world_size == 2
+    assert written.job.steps == math.ceil(128_000 / 64) == 2_000
+    assert written.job.checkpoint.interval_steps == min(winner.interval_steps, 2_000)
     # Prices the plan used, so `hetero spec check` shows the same cluster cost.
     prices = written.job.prices.usd_per_hour
     assert prices["g5.xlarge"] == round(winner.trainer_price.usd_per_hour, 6)

@@ -178,14 +178,17 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     # (no_scheduled_action_left).
     actions = [e["data"] for e in events if e["kind"] == "scheduled-action"]
     caps_s = [WAIT_S, WAIT_S, RESUMED_MAX_USD / usd_per_hour * 3600.0]
-    assert len(actions) == 2 * (1 + len(job_starts)), actions
+    # Hosts that start a job together may each write its start (seconds apart: the last write
+    # stays, JobRecord.started) and put the action for theirs: a group's action may be put
+    # again for the same job, a few seconds later.
+    assert len(actions) >= 2 * (1 + len(job_starts)), actions
     for start, cap_s in zip(job_starts, caps_s, strict=True):
         # The pointer's start is taken while the command runs (to the second).
         late = start["wall"] - start["data"]["started"] + 1
         deadline = start["data"]["started"] + cap_s
         after = [a["start"] - DEFAULT_BACKSTOP_AFTER_S - deadline for a in actions]
         mine = [a for a, d in zip(actions, after, strict=True) if -1 <= d <= late]
-        groups = sorted(a["group"] for a in mine)
+        groups = sorted({a["group"] for a in mine})
         assert groups == ["rehearsal-dataprep", "rehearsal-trainer"], (start, actions)
         for a in mine:
             assert a["name"] == f"hetero-budget-deadline-{a['group']}"
