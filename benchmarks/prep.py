@@ -2,10 +2,10 @@
 folder and from S3, and what that says about preparing ImageNet-1k.
 
 The source is ``--images`` JPEGs made once, seeded, at ImageNet-1k's typical shape (``--width`` x
-``--height``, 500 x 375 by default, quality 90; smooth noise so they compress like photographs,
-about 110 KB each as ImageNet's train set averages) in ``--classes`` class folders. Prep runs
-on them exactly as the command does (``training.data.prep.prep``: every image read, checked with
-the data servers' full decode, packed into shards with its manifest):
+``--height``, 500 x 375 by default, quality 90; smooth noise so they compress like photographs:
+about 93 KB each at the defaults, near ImageNet's 110 KB) in ``--classes`` class folders. Prep
+runs on them exactly as the command does (``training.data.prep.prep``: every image read, checked
+with the data servers' full decode, packed into shards with its manifest):
 
 - **folder**: local folder to local shards, once per ``--threads`` count (prep's
   ``--read-threads``), to find the count that saturates this machine;
@@ -15,9 +15,12 @@ the data servers' full decode, packed into shards with its manifest):
 Each run reports images/s and source MB/s. Moto on loopback is not S3 (no network; moto's request
 handling costs CPU on the same cores), so the S3 row speaks to prep's own cost with an S3 source
 on this machine, not to S3's throughput. The estimate for ImageNet-1k (1,281,167 training images,
-``IMAGENET_GB`` GB) divides its image count by the best rate per core measured here, times the
-cores of the instance named; that scaling is an assumption the result file states, not a
-measurement. Writes ``benchmarks/results/prep.json`` with the machine.
+``IMAGENET_GB`` GB) for one ``--instance`` (c6i.8xlarge by default) is the longer of its
+CPU-bound time (the best rate per core measured here, times its vCPUs) and its network-bound time
+(the source read and the shards written at its baseline bandwidth, ``priors.BASELINE_GBPS``) and
+its request-bound time (prep's read threads each waiting ``--s3-latency-ms`` per image), at its
+On-Demand price; that scaling is an assumption the result file states, not a measurement.
+Writes ``benchmarks/results/prep.json`` with the machine.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ from PIL import Image
 
 from benchmarks.checkpoint import moto_s3
 from benchmarks.trainer_common import print_table, report
+from training import instance_types
 from training.common import aws
 from training.common.s3 import parse_s3_uri
 from training.data.prep import PrepRequest, prep
+from training.data.prep_inputs import DEFAULT_READ_THREADS
+from training.planner import priors
 
 IMAGENET_IMAGES = 1_281_167
 """ImageNet-1k's training images (ILSVRC 2012)."""
@@ -92,19 +98,44 @@ def row(where: str, threads: int, seconds: float, images: int, source_bytes: int
     }
 
 
-def imagenet_estimate(best: dict[str, Any], cores_here: int, instance_cores: int) -> dict[str, Any]:
+def imagenet_estimate(
+    best: dict[str, Any], cores_here: int, instance: str, read_threads: int, latency_ms: float
+) -> dict[str, Any]:
+    """Hours and On-Demand USD to prep ImageNet-1k from S3 to S3 on one ``instance``: the
+    longest of its CPU-bound time (the rate per core measured here, times its vCPUs), its
+    network-bound time (the source read and the shards written, at its baseline bandwidth) and
+    its request-bound time (``read_threads`` GETs in flight, each ``latency_ms``)."""
+    kind = instance_types.lookup(instance)
+    gbps = priors.BASELINE_GBPS.get(instance)
+    if kind is None or gbps is None:
+        raise SystemExit(f"--instance {instance}: no vCPU count, price or bandwidth known for it")
     per_core = best["images_per_s"] / cores_here
-    rate = per_core * instance_cores
+    cpu_hours = IMAGENET_IMAGES / (per_core * kind.vcpus) / 3600
+    network_hours = 2 * IMAGENET_GB * 8 / gbps / 3600
+    request_hours = IMAGENET_IMAGES * latency_ms / 1e3 / read_threads / 3600
+    hours = max(cpu_hours, network_hours, request_hours)
     return {
         "images": IMAGENET_IMAGES,
         "gb": IMAGENET_GB,
+        "instance": instance,
+        "vcpus": kind.vcpus,
+        "baseline_gbps": gbps,
+        "on_demand_usd_per_hour": kind.on_demand_usd_per_hour,
         "images_per_s_per_core_here": per_core,
-        "instance_vcpus": instance_cores,
-        "assumed_images_per_s": rate,
-        "hours": IMAGENET_IMAGES / rate / 3600,
+        "cpu_bound_hours": cpu_hours,
+        "network_bound_hours": network_hours,
+        "read_threads": read_threads,
+        "s3_get_latency_ms": latency_ms,
+        "request_bound_hours": request_hours,
+        "hours": hours,
+        "usd": hours * kind.on_demand_usd_per_hour,
         "assumption": (
-            "prep's rate grows with the cores in proportion to the rate per core measured here "
-            "(its work is the decode check in its read threads); not measured beyond this machine"
+            "prep's rate grows with the vCPUs in proportion to the rate per core measured here "
+            "(its work is the decode check in its read threads), and S3 serves the instance at "
+            "its baseline bandwidth, the 140 GB read and the shards written; each GET of a small "
+            "object takes the latency given (AWS: 'median latencies often in the tens of "
+            "milliseconds' for requests under 512 KB, the S3 performance whitepaper); none is "
+            "measured beyond this machine"
         ),
     }
 
@@ -117,8 +148,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads", type=int, nargs="+", default=[1, 2, 4, 8], help="read threads to try"
     )
+    p.add_argument("--instance", default="c6i.8xlarge", help="the instance the estimate is for")
     p.add_argument(
-        "--instance-vcpus", type=int, default=32, help="the instance the estimate is for"
+        "--estimate-read-threads", type=int, default=DEFAULT_READ_THREADS,
+        help="prep's --read-threads in the estimate (default: prep's own)",
+    )  # fmt: skip
+    p.add_argument(
+        "--s3-latency-ms", type=float, default=50.0, help="one small GET's latency in the estimate"
     )
 
 
@@ -147,7 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average": {"before": load_before, "after": os.getloadavg()[0]},
         "image_kb_mean": source_bytes / args.images / 1e3,
         "runs": rows,
-        "imagenet_1k": imagenet_estimate(best, cores, args.instance_vcpus),
+        "imagenet_1k": imagenet_estimate(
+            best, cores, args.instance, args.estimate_read_threads, args.s3_latency_ms
+        ),
     }
     table = [
         (r["source"], str(r["read_threads"]), f"{r['seconds']:.1f}",
@@ -165,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = {
         "best_images_per_s": best["images_per_s"],
         "read_threads": best["read_threads"],
-        "imagenet_1k_hours_on_vcpus": [estimate["hours"], estimate["instance_vcpus"]],
+        "imagenet_1k": {k: estimate[k] for k in ("instance", "hours", "usd")},
     }
     return report("prep", result, summary)
 

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_short_run_measures_folder_and_s3_and_estimates_imagenet(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "benchmarks", "prep", "--images", "24", "--classes", "3"]
-    cmd += ["--width", "96", "--height", "72", "--threads", "1", "2", "--instance-vcpus", "8"]
+    cmd += ["--width", "96", "--height", "72", "--threads", "1", "2", "--instance", "c6i.4xlarge"]
+    cmd += ["--estimate-read-threads", "64", "--s3-latency-ms", "40"]
     env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -33,5 +34,13 @@ def test_short_run_measures_folder_and_s3_and_estimates_imagenet(tmp_path: Path)
     estimate = result["imagenet_1k"]
     per_core = best["images_per_s"] / result["machine"]["cpu_cores"]
     assert estimate["images_per_s_per_core_here"] == pytest.approx(per_core)
-    assert estimate["hours"] == pytest.approx(1_281_167 / (per_core * 8) / 3600)
+    # c6i.4xlarge: 16 vCPUs, 6.25 Gbps baseline, 0.68 USD/h On-Demand.
+    cpu_hours = 1_281_167 / (per_core * 16) / 3600
+    network_hours = 2 * 140 * 8 / 6.25 / 3600
+    assert estimate["cpu_bound_hours"] == pytest.approx(cpu_hours)
+    assert estimate["network_bound_hours"] == pytest.approx(network_hours)
+    request_hours = 1_281_167 * 0.040 / 64 / 3600
+    assert estimate["request_bound_hours"] == pytest.approx(request_hours)
+    assert estimate["hours"] == pytest.approx(max(cpu_hours, network_hours, request_hours))
+    assert estimate["usd"] == pytest.approx(estimate["hours"] * 0.68)
     assert "hetero dataset prep: 24 JPEGs of 96x72" in done.stdout
