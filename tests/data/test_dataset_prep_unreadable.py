@@ -3,7 +3,8 @@ UTF-8, a zero-byte ``.jpg``, a truncated PNG, a text file named ``.jpg`` and a d
 among valid images of every mode the data servers convert (CMYK, RGBA, 16-bit, palette, 1-bit,
 1x1). Prep leaves out exactly the bad ones, names each with its reason (console and manifest),
 packs every valid one, refuses the lot with ``--strict``; verify flags a sample that no longer
-decodes; the same from an S3 source."""
+decodes; the same from an S3 source. And a job over the same files unprepared (a folder, an S3
+prefix) names exactly the files prep leaves out, with the same kinds, in its summary."""
 
 from __future__ import annotations
 
@@ -346,3 +347,77 @@ def test_prep_from_s3_leaves_out_the_same_files(files: Files, tmp_path: Path) ->
         prep(strict, client=s3)
     assert sorted((i.path, kind(i.reason)) for i in e.value.images) == bad
     assert s3.list_objects_v2(Bucket="images", Prefix="strict/").get("KeyCount") == 0
+
+
+# ---- a job over the same files, unprepared --------------------------------------------------
+
+JOB_SPEC = """
+name = "bad-files-job"
+[[groups]]
+name = "trainer"
+role = "trainer"
+instance_types = ["g5.xlarge"]
+count = 1
+[job]
+batch_size = 4
+epochs = 1
+precision = "fp32"
+[job.model]
+name = "vit-cpu-tiny"
+[job.dataset]
+source = "{source}"
+path = "{path}"
+num_classes = 3
+image_size = 32
+max_unreadable = 0.5
+[job.checkpoint]
+interval_steps = 100
+dir = "{checkpoints}"
+"""
+
+
+def job_unreadable(tmp_path: Path, source: str, path: str) -> list[tuple[str, str]]:
+    """One epoch of the trainer over ``path`` (its local loader, in this process); the
+    summary's unreadable samples as (name, reason kind), sorted."""
+    from training.spec import load_spec
+    from training.trainer.config import TrainerConfig
+    from training.trainer.train import Trainer
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = tmp_path / "job.toml"
+    spec.write_text(JOB_SPEC.format(source=source, path=path, checkpoints=tmp_path / "ckpt"))
+    config = TrainerConfig.from_spec(load_spec(spec), run_dir=tmp_path / "run", environ={})
+    trainer = Trainer(config)
+    try:
+        assert trainer.train() == 0
+    finally:
+        trainer.close()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    prefix = "not a readable image: "
+    found = summary["unreadable"]["samples"]
+    assert all(u["reason"].startswith(prefix) for u in found), found
+    assert summary["unreadable"]["count"] == len(found)
+    return sorted((u["name"], kind(u["reason"][len(prefix) :])) for u in found)
+
+
+def test_a_job_over_the_unprepared_folder_names_the_files_prep_leaves_out(
+    files: Files, src: Path, tmp_path: Path
+) -> None:
+    """The same 4 bad files by the same names and kinds as prep's ``excluded``; the 8 valid ones
+    of every mode (CMYK, RGBA, 16-bit, palette, 1-bit, 1x1) trained on without a word."""
+    result = prep(PrepRequest(src=str(src), out=str(tmp_path / "prepared")))
+    excluded = [(e.path, kind(e.reason)) for e in result.manifest.excluded]
+    assert excluded == expected_excluded(src, files)
+    assert job_unreadable(tmp_path / "job", "folder", str(src)) == excluded
+
+
+@mock_aws
+def test_a_job_over_the_unprepared_s3_prefix_names_the_same_files(
+    files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From an S3 source: each bad object by its ``s3://`` URI, with prep's kinds."""
+    monkeypatch.setenv("HETERO_LOADER_WORKERS", "0")  # load in this process, inside moto's mock
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="images")
+    bad = upload(s3, files, "raw/")
+    assert job_unreadable(tmp_path, "s3", "s3://images/raw/") == bad
