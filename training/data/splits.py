@@ -31,7 +31,7 @@ import numpy as np
 
 from training.data.datasets import FolderImages, ImageSource, S3Images, SyntheticImages
 from training.data.shard_source import shard_splits
-from training.spec import DatasetSource, DatasetSpec
+from training.spec import SYNTHETIC_CLASSES, DatasetSource, DatasetSpec
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,8 @@ def build_dataset(spec: DatasetSpec) -> ImageSource:
     the folder or prefix holds no usable images."""
     source: ImageSource
     if spec.source is DatasetSource.SYNTHETIC:
-        source = SyntheticImages(spec.num_samples, spec.num_classes, spec.image_size)
+        classes = spec.num_classes if spec.num_classes is not None else SYNTHETIC_CLASSES
+        source = SyntheticImages(spec.num_samples, classes, spec.image_size)
     elif spec.source is DatasetSource.FOLDER:
         if not spec.path:
             raise ValueError("job.dataset.path is required for source 'folder'")

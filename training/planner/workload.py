@@ -15,7 +15,14 @@ from typing import Any
 from training.data.splits import val_count
 from training.planner import priors
 from training.planner.errors import PlanError
-from training.spec import ClusterSpec, DatasetSource, GradCompression, Parallelism, Precision
+from training.spec import (
+    SYNTHETIC_CLASSES,
+    ClusterSpec,
+    DatasetSource,
+    GradCompression,
+    Parallelism,
+    Precision,
+)
 
 
 @dataclass(frozen=True)
@@ -186,7 +193,10 @@ def workload_from_spec(
         )
     try:
         arch = replace(arch, **{k: overrides[k] for k in priors.ARCH_OVERRIDES & set(overrides)})
-        size = vit_size(arch, job.dataset.image_size, job.dataset.num_classes)
+        # A dataset whose classes the spec leaves to the data: ImageNet-1k's count (the head is
+        # a small part of a ViT's parameters and work either way).
+        classes = job.dataset.num_classes or SYNTHETIC_CLASSES
+        size = vit_size(arch, job.dataset.image_size, classes)
     except TypeError as e:  # an override of the wrong type, e.g. depth = "12"
         raise PlanError(f"job.model.overrides: {e}; give numbers") from e
 

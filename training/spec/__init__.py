@@ -27,6 +27,7 @@ from training.spec.enums import (
 )
 from training.spec.parse import DEFAULT_SPEC_PATH, load_spec, parse_augmentation, parse_spec
 from training.spec.schema import (
+    SYNTHETIC_CLASSES,
     AugmentationSpec,
     CheckpointSpec,
     ClusterSpec,

@@ -22,6 +22,7 @@ from training.spec.enums import (
 )
 from training.spec.reader import _cap, _fraction, _Reader
 from training.spec.schema import (
+    SYNTHETIC_CLASSES,
     CheckpointSpec,
     DataPlaneSpec,
     DatasetSpec,
@@ -289,7 +290,7 @@ def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
             source=source,
             path=path,
             num_samples=r.positive(ds_t, "num_samples", d.dataset.num_samples),
-            num_classes=r.positive(ds_t, "num_classes", d.dataset.num_classes),
+            num_classes=_num_classes(r, ds_t, source),
             image_size=r.positive(ds_t, "image_size", d.dataset.image_size, minimum=16),
             val_path=val_path,
             val_fraction=val_fraction,
@@ -300,6 +301,14 @@ def _parse_dataset(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> DatasetSpec:
             cache_dir=r.get(ds_t, "cache_dir", str, None),
             cache_gb=float(cache_gb) if isinstance(cache_gb, int | float) else None,
         )
+
+
+def _num_classes(r: _Reader, ds_t: Mapping[str, Any], source: DatasetSource) -> int | None:
+    """``num_classes`` as given; left out, ``SYNTHETIC_CLASSES`` for synthetic data and None
+    (the data's own count, found when a job opens it) for the others."""
+    if "num_classes" not in ds_t:
+        return SYNTHETIC_CLASSES if source is DatasetSource.SYNTHETIC else None
+    return r.positive(ds_t, "num_classes", SYNTHETIC_CLASSES)
 
 
 def _parse_mixup(r: _Reader, t: Mapping[str, Any], d: JobSpec) -> MixupSpec:

@@ -144,6 +144,10 @@ class ModelSpec:
     rising linearly to this rate at the last block); None: the model's default (0)."""
 
 
+SYNTHETIC_CLASSES = 1000
+"""Synthetic data's classes when ``job.dataset.num_classes`` is left out (ImageNet-1k's)."""
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     source: DatasetSource = DatasetSource.SYNTHETIC
@@ -153,8 +157,11 @@ class DatasetSpec:
     ``manifest.json``)."""
     num_samples: int = 50_000
     """Synthetic only: images per epoch."""
-    num_classes: int = 1000
-    """Synthetic only (folders and S3 prefixes take theirs from the class sub-folders)."""
+    num_classes: int | None = None
+    """The classifier's width. Left out, it is the data's: a folder's or an S3 prefix's class
+    sub-folders, a prepared dataset's manifest (``training.data.classes``), or
+    ``SYNTHETIC_CLASSES`` for synthetic data. Set, it must equal what the data has: a job that
+    finds another count refuses to start, naming both."""
     image_size: int = 224
     """Side of the square crop the trainer receives."""
     val_path: str | None = None

@@ -24,6 +24,7 @@ from training.common.names import (
 from training.common.s3 import is_s3_uri, parse_s3_uri
 from training.dataplane.discovery import parse_discovery
 from training.spec import ClusterSpec, GradCompression, Parallelism, Precision
+from training.trainer.classes import ClassCountError, resolve_num_classes
 
 ENV_COLLECTIVE_TIMEOUT = "HETERO_COLLECTIVE_TIMEOUT_S"
 """Seconds a rank waits in a training collective (gradients, the per-step flags) for its peers
@@ -69,7 +70,7 @@ class ModelConfig:
     image_size: int
     """Side of the square input (``job.dataset.image_size``)."""
     num_classes: int
-    """Classifier width (``job.dataset.num_classes``)."""
+    """Classifier width: ``job.dataset.num_classes``, or the data's (``trainer.classes``)."""
     init: str | None = None
     """Start from these weights (``job.model.init``): ``timm:NAME.TAG``, a hub-form folder or a
     weights file, a path or ``s3://`` URI (``training.trainer.init_weights``);
@@ -287,9 +288,15 @@ class TrainerConfig:
             except ValueError as e:
                 problems.append(f"--checkpoint-s3-uri: {e}")
         overrides = dict(job.model.overrides)
+        try:
+            num_classes = resolve_num_classes(job.dataset)
+        except ClassCountError as e:
+            problems.append(str(e))
+            num_classes = job.dataset.num_classes or 0
+        dataset_values = {"image_size": job.dataset.image_size, "num_classes": num_classes}
         for key, ds_key in (("img_size", "image_size"), ("num_classes", "num_classes")):
             value = overrides.get(key)
-            expected = getattr(job.dataset, ds_key)
+            expected = dataset_values[ds_key]
             if value is not None and value != expected:
                 problems.append(
                     f"job.model.overrides.{key} = {value} but job.dataset.{ds_key} = {expected}; "
@@ -317,7 +324,7 @@ class TrainerConfig:
                 name=job.model.name,
                 overrides=overrides,
                 image_size=job.dataset.image_size,
-                num_classes=job.dataset.num_classes,
+                num_classes=num_classes,
                 init=job.model.init,
                 init_uri=init_uri,
                 init_ema=job.model.init_ema,

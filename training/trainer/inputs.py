@@ -163,7 +163,7 @@ def build_stream(
     if config.input.kind is InputKind.SYNTHETIC:
         return SyntheticBatches(
             num_samples=job.dataset.num_samples,
-            num_classes=job.dataset.num_classes,
+            num_classes=config.model.num_classes,
             image_size=job.dataset.image_size,
             batch_size=config.batch_size,
             seed=config.seed,
