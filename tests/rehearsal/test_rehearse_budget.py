@@ -12,6 +12,7 @@ once. Nothing is left running."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,9 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     job_starts = [e for e in events if e["kind"] == "job-start"]
     assert len(job_starts) == 3
     for stop, start in zip([waiting, servers_only], job_starts, strict=False):
-        earliest = start["data"]["started"] + WAIT_S  # the pointer's start is taken after this
+        # The pointer's start is taken after this, and kept to the whole second
+        # (``%Y-%m-%dT%H:%M:%SZ``): no earlier than this time's second.
+        earliest = math.floor(start["data"]["started"]) + WAIT_S
         assert earliest <= stop["time"] <= start["wall"] + WAIT_S + WITHIN_S, (stop, start)
         assert stop["step"] == 1  # nothing trained: no trainer had its peers
     # 2: the survivor (trainer:2) was still there, waiting, when the job ended: its launcher
