@@ -120,3 +120,11 @@ def list_keys(client: Any, bucket: str, prefix: str, *, delimiter: str | None = 
     kwargs = {"Delimiter": delimiter} if delimiter else {}
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **kwargs)
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def list_prefixes(client: Any, bucket: str, prefix: str) -> list[str]:
+    """The sub-prefixes one level under ``prefix`` (``Delimiter='/'``), never the keys."""
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=prefix, Delimiter="/"
+    )
+    return [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]

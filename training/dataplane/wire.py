@@ -48,8 +48,11 @@ class ReceivedBatch:
     batch: Batch
     position_start: int
     position_stop: int
-    skipped: int
-    """Samples of the range that could not be read (``batch.skipped`` names them)."""
+
+    @property
+    def skipped(self) -> int:
+        """Samples of the range that could not be read (``batch.skipped`` names them)."""
+        return len(self.batch.skipped)
 
     def pinned(self) -> ReceivedBatch:
         """This batch with its images copied into page-locked memory (needs a CUDA host): a
@@ -164,4 +167,4 @@ def decode_batch(data: bytes) -> ReceivedBatch:
         sample_ids=torch.tensor(header.sample_ids, dtype=torch.int64),
         skipped=tuple(Unreadable(u.sample, u.name, u.reason) for u in header.unreadable),
     )
-    return ReceivedBatch(batch, header.position_start, header.position_stop, len(header.unreadable))
+    return ReceivedBatch(batch, header.position_start, header.position_stop)

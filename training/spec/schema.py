@@ -159,7 +159,7 @@ class DatasetSpec:
     """Synthetic only: images per epoch."""
     num_classes: int | None = None
     """The classifier's width. Left out, it is the data's: a folder's or an S3 prefix's class
-    sub-folders, a prepared dataset's manifest (``training.data.classes``), or
+    sub-folders, a prepared dataset's manifest (``training.trainer.classes``), or
     ``SYNTHETIC_CLASSES`` for synthetic data. Set, it must equal what the data has: a job that
     finds another count refuses to start, naming both."""
     image_size: int = 224

@@ -40,13 +40,7 @@ def data_classes(dataset: DatasetSpec, *, client: Any | None = None) -> tuple[in
         return count, f"the class folders under {path}"
     if dataset.source is DatasetSource.S3:
         bucket, prefix = s3.parse_s3_uri(path)
-        prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-        pages = (
-            (client or aws.client("s3"))
-            .get_paginator("list_objects_v2")
-            .paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
-        )
-        count = sum(len(page.get("CommonPrefixes", [])) for page in pages)
+        count = len(s3.list_prefixes(client or aws.client("s3"), bucket, prefix))
         return count, f"the class prefixes under {path}"
     from training.data.manifest import load_manifest  # the data package: shards only
 

@@ -131,7 +131,6 @@ class Trainer:
             self.optimizer, job, self._planned_steps(), world_size=self.world_size
         )
         self.nonfinite = NonFiniteSteps(job.max_nonfinite_steps)
-        self._step_samples = config.batch_size * self.world_size * config.grad_accum_steps
         per_epoch = getattr(self.stream, "batches_per_epoch", None)
         self.unreadable = UnreadableSamples(
             job.dataset.max_unreadable,
@@ -404,7 +403,8 @@ class Trainer:
             self.step += 1
             interval.steps += 1
             self.progress.beat(self.step, "train")
-            self.unreadable.judge(self.step * self._step_samples)  # raises past the share
+            # Raises past the share: the samples met are the steps' global batches.
+            self.unreadable.judge(self.step * self.metrics.facts.global_batch)
             if self.ema is not None and not flags.nonfinite:
                 self.ema.update(unwrap(self.model), step=self.step)
             if self.samples is not None:

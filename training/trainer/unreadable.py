@@ -69,10 +69,11 @@ class UnreadableSamples:
         if world_size > 1:
             gathered = [None] * world_size
             dist.all_gather_object(gathered, mine, group=group)
-        added = [(n, r) for part in gathered for n, r in part if n not in self.names]
-        for name, reason in added:
-            self.names.setdefault(name, reason)
-            log.warning("unreadable training sample, left out: %s (%s)", name, reason)
+        for part in gathered:
+            for name, reason in part:
+                if name not in self.names:  # the first reason shared stays
+                    self.names[name] = reason
+                    log.warning("unreadable training sample, left out: %s (%s)", name, reason)
 
     def judge(self, samples_met: int) -> None:
         """Raise ``UnreadableDataError`` when, ``samples_met`` training samples in, more than
