@@ -77,3 +77,21 @@ def channel(server_address: str) -> Iterator[grpc.Channel]:
 def make_spec() -> Callable[[Path, int], Path]:
     """``write_spec`` for tests that need another dataset size."""
     return write_spec
+
+
+@pytest.fixture
+def two_servers() -> Iterator[list[str]]:
+    """Two in-process data servers over the same 96-sample dataset."""
+    sources, servers, addresses = [], [], []
+    for _ in range(2):
+        source = AugmentingBatchSource(
+            DatasetSpec(num_samples=96, num_classes=10, image_size=32), workers=1, processes=False
+        )
+        server, port = create_server(source, port=0)
+        sources.append(source)
+        servers.append(server)
+        addresses.append(f"127.0.0.1:{port}")
+    yield addresses
+    for server, source in zip(servers, sources, strict=True):
+        server.stop(0).wait()
+        source.close()

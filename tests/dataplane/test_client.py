@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import socket
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,24 +21,6 @@ from training.dataplane.processes import ServerProcess, start_server_process
 from training.dataplane.server import create_server
 from training.dataplane.sources import AugmentingBatchSource, PremadeBatchSource
 from training.spec import DatasetSource, DatasetSpec, JobSpec
-
-
-@pytest.fixture
-def two_servers() -> Iterator[list[str]]:
-    """Two in-process data servers over the same 96-sample dataset."""
-    sources, servers, addresses = [], [], []
-    for _ in range(2):
-        source = AugmentingBatchSource(
-            DatasetSpec(num_samples=96, num_classes=10, image_size=32), workers=1, processes=False
-        )
-        server, port = create_server(source, port=0)
-        sources.append(source)
-        servers.append(server)
-        addresses.append(f"127.0.0.1:{port}")
-    yield addresses
-    for server, source in zip(servers, sources, strict=True):
-        server.stop(0).wait()
-        source.close()
 
 
 def _ids(batches: list[Batch]) -> list[int]:

@@ -267,9 +267,12 @@ def test_every_trainer_instance_failing_before_its_loop_ends_the_job_past_the_bu
 
 # The elastic rehearsal (specs/rehearsal-elastic.toml): every data server throttled to RATE
 # images/s, the trainer paced at PACE (seconds per step; from step SLOW on, the slower pace).
-RATE = 28
+# One server makes a step of two ranks' 32 images in 2 s, so the 13 steps between the scale-out
+# (step 3) and SLOW leave the new instance about 26 s to boot and serve (13 s seen on 2 cores;
+# a slower machine that took over 15 s failed the earlier 1.14 s steps' margin).
+RATE = 16
 SLOW = 16
-PACE = f"0.8,{SLOW}:4.0"
+PACE = f"1.2,{SLOW}:4.0"
 NOTICE_S = 30
 
 
@@ -284,11 +287,11 @@ def test_the_data_tier_sizes_itself_and_a_spot_loss_in_a_scale_in_counts_once(
     group is elastic (1 to 2 instances, starting at 1); the trainer's rank 0 runs the controller,
     which sets the group's desired capacity (SetDesiredCapacity on moto's Auto Scaling).
 
-    - Phase 1 (steps 1 to SLOW-1): two ranks of 16 images at 0.8 s a step want 40 images/s; one
-      server gives 28, so the trainer waits for data and the server is busy 100%: 1 -> 2 (the
-      second instance launches, its server is found by its tags). Two give 56: busy ~71%, so
+    - Phase 1 (steps 1 to SLOW-1): two ranks of 16 images at 1.2 s a step want 27 images/s; one
+      server gives 16, so the trainer waits for data and the server is busy 100%: 1 -> 2 (the
+      second instance launches, its server is found by its tags). Two give 32: busy ~83%, so
       the controller holds (one would be busy over 75%).
-    - Phase 2 (from step SLOW): 4 s a step want 8 images/s; the two are busy ~14%: 2 -> 1, and
+    - Phase 2 (from step SLOW): 4 s a step want 8 images/s; the two are busy ~25%: 2 -> 1, and
       Auto Scaling terminates the older instance, dataprep:0.
     - At step SLOW+1, before the scale-in can be decided (it takes three looks at the slow
       pace), dataprep:0 gets a Spot interruption notice (NOTICE_S seconds): its launcher marks it

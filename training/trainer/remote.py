@@ -79,6 +79,10 @@ class DataPlaneBatches:
             self.discovery.describe(), len(serving), len(self.client.addresses), rank,
             *self._block, n,
         )  # fmt: skip
+        self._batches_needed = (
+            None if config.total_steps is None else config.total_steps * config.grad_accum_steps
+        )
+        """Batches this rank takes in the run (``--steps``); None: ``epochs`` whole epochs."""
         self.epoch = 0
         self._batch = 0
         self._iter: Iterator[Batch] | None = None
@@ -88,7 +92,18 @@ class DataPlaneBatches:
         if self._restored is not None:
             self.client.load_state_dict(self._restored)
             self._restored = None
-        return self.client.iter_epoch(self.epoch)
+        return self.client.iter_epoch(self.epoch, then=self._next_epoch())
+
+    def _next_epoch(self) -> int | None:
+        """The epoch after this one when the run will take batches from it (its first ones are
+        then made while this one ends); None at the last."""
+        following = self.epoch + 1
+        if self.epochs is not None and following >= self.epochs:
+            return None
+        needed = self._batches_needed
+        if needed is not None and following * self.batches_per_epoch >= needed:
+            return None
+        return following
 
     def set_interrupt(self, check: Callable[[], bool]) -> None:
         """While waiting for data, ``check()`` True ends the wait with ``DataInterrupted``."""
