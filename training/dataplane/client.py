@@ -39,9 +39,7 @@ from training.dataplane.epoch_run import (
     EpochRun,
 )
 from training.dataplane.membership import ServerPool
-from training.dataplane.rpc import SERVICE_NAME
 from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
-from training.dataplane.wire import decode_batch
 
 __all__ = [
     "DataPlaneClient",
@@ -209,15 +207,6 @@ class DataPlaneClient:
     def addresses(self) -> list[str]:
         """Every data server the discovery source lists now."""
         return self.pool.known()
-
-    def _stream_batches(self, channel: grpc.Channel) -> grpc.UnaryStreamMultiCallable:
-        """StreamBatches yielding ``ReceivedBatch``: the generated stub's, except that the
-        images stay a view on the received bytes (``wire.decode_batch``) instead of two copies."""
-        return channel.unary_stream(
-            f"/{SERVICE_NAME}/StreamBatches",
-            request_serializer=dataplane_pb2.StreamBatchesRequest.SerializeToString,
-            response_deserializer=decode_batch,
-        )
 
     def wait_for_servers(self, timeout_s: float = 60.0, settle_s: float | None = None) -> list[str]:
         """Wait until every listed server is serving, or (with ``settle_s``) at least one has

@@ -7,19 +7,20 @@ keeps the checkpointable position; this module moves the batches.
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 
 from training.data.splits import Split
+from training.dataplane.membership import ServerPool
+from training.dataplane.rpc import SERVICE_NAME
 from training.dataplane.v1 import dataplane_pb2
-from training.dataplane.wire import ReceivedBatch
-
-if TYPE_CHECKING:
-    from training.dataplane.client import DataPlaneClient
+from training.dataplane.wire import ReceivedBatch, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,38 @@ def _describe_rpc_error(e: grpc.RpcError) -> tuple[grpc.StatusCode | None, str]:
     return None, str(e)
 
 
+class RunSettings(Protocol):
+    """What a run takes from its client (``training.dataplane.client.DataPlaneClient``): the
+    servers, the request's fields and the window."""
+
+    @property
+    def pool(self) -> ServerPool: ...
+
+    seed: int
+    batch_size: int
+    recipe: str
+    image_size: int
+    split: Split
+    prefetch_batches: int
+    chunk_batches: int
+    streams_per_server: int
+    rpc_timeout_s: float
+    wait_for_data_s: float
+    pin_memory: bool
+    batches_by_server: collections.Counter[str]
+    interrupt: Callable[[], bool] | None
+
+
+def stream_batches(channel: grpc.Channel) -> grpc.UnaryStreamMultiCallable:
+    """StreamBatches yielding ``ReceivedBatch``: the generated stub's, except that the images
+    stay a view on the received bytes (``wire.decode_batch``) instead of two copies."""
+    return channel.unary_stream(
+        f"/{SERVICE_NAME}/StreamBatches",
+        request_serializer=dataplane_pb2.StreamBatchesRequest.SerializeToString,
+        response_deserializer=decode_batch,
+    )
+
+
 class EpochRun:
     """One epoch in flight: the planned batches, the ranges not yet handed out, the batches
     received ahead of the trainer (never beyond the reorder window) and one thread per stream
@@ -65,7 +98,7 @@ class EpochRun:
 
     def __init__(
         self,
-        client: DataPlaneClient,
+        client: RunSettings,
         epoch: int,
         batches: list[tuple[int, int]],
         after: EpochRun | None = None,
@@ -194,7 +227,7 @@ class EpochRun:
                         image_size=c.image_size,
                         split="" if c.split is Split.TRAIN else c.split.value,
                     )
-                    call = c._stream_batches(channel)(request, timeout=c.rpc_timeout_s)
+                    call = stream_batches(channel)(request, timeout=c.rpc_timeout_s)
                     with self.cond:
                         self.calls[key] = call
                     if self.stop.is_set():
