@@ -44,6 +44,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "benchmarks.shard_read_clients",
         "prepared-dataset shards from moto S3 into files: boto3 vs s3torchconnector (optional)",
     ),
+    "per_core": (
+        "benchmarks.per_core",
+        "a data server's images per CPU-second vs a plain timm loop, same core and photos (>= 1.0)",
+    ),
     "prep": (
         "benchmarks.prep",
         "hetero dataset prep of ImageNet-size JPEGs from a folder and S3; the ImageNet-1k estimate",

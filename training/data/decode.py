@@ -43,8 +43,11 @@ def decode_image(data: bytes) -> Image.Image:
     """Decode JPEG/PNG/... bytes into an RGB PIL image; raises one of ``DECODE_ERRORS`` (PIL's
     ``UnidentifiedImageError`` and ``DecompressionBombError`` included) if the bytes are not a
     readable image."""
-    # convert() forces the full decode here, so a truncated file fails here, not later.
-    return _open(data).convert("RGB")
+    image = _open(data)
+    # The full decode here, so a truncated file fails here, not later. An RGB image is returned
+    # as decoded: convert("RGB") would copy every pixel again (docs/dataplane.md, per core).
+    image.load()
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def image_problem(data: bytes) -> str | None:

@@ -1,0 +1,152 @@
+"""``python -m benchmarks per_core``: a data server's images per CPU-second against a plain timm
+loop on the same core and the same photographs (target: the server at >= 1.0x the loop).
+
+The data tier is rented by the core, so a server that spends more CPU per image than the loop it
+replaces makes every job rent more of it. The images are the two photographs scikit-learn ships
+(``china.jpg`` and ``flower.jpg``: 640 x 427 JPEGs of 197 and 143 KB, ImageNet's size), copied
+``--images`` times into a two-class folder. For each recipe, ``--rounds`` interleaved pairs on one
+core (``--core``, one torch thread):
+
+- **loop**: what a user would write without the project: each file read, opened and converted to
+  RGB as timm's ``ImageDataset`` does (``Image.open(...).convert("RGB")``), then the same timm
+  transform the servers build (``build_transform``: timm's ``create_transform``), to a uint8
+  array; images per CPU-second of this process;
+- **server**: one ``hetero serve`` process with one augmentation worker pinned to that core,
+  streaming ``--batches`` timed batches to a client on another core
+  (``training.planner.bench.measure_dataprep``, what ``hetero bench --only dataprep`` runs);
+  images per CPU-second of the server's whole process tree (gRPC, the worker, the hand-off).
+
+The ratio is server / loop per round; the median per recipe is the result. Prints a table and
+writes ``benchmarks/results/per_core.json`` with the machine. Two photographs are not a dataset:
+decode cost varies with content, so the absolute rates speak for these images; the ratio compares
+the two paths on the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sklearn.datasets
+from PIL import Image
+
+from benchmarks.trainer_common import print_table, report, spec_data, write_spec
+from training.data.transforms import build_transform
+from training.planner.bench import measure_dataprep, pinned, thread_environ
+from training.spec import AugmentationSpec, Recipe, load_spec
+
+TARGET = 1.0
+PHOTOS = ("china.jpg", "flower.jpg")
+
+
+def make_folder(root: Path, images: int) -> int:
+    """``images`` copies of the photographs in two class folders; their total bytes."""
+    photos = Path(sklearn.datasets.__file__).parent / "images"
+    total = 0
+    for i in range(images):
+        name = PHOTOS[i % len(PHOTOS)]
+        folder = root / Path(name).stem
+        folder.mkdir(parents=True, exist_ok=True)
+        total += shutil.copyfile(photos / name, folder / f"{i:05d}.jpg").stat().st_size
+    return total
+
+
+def plain_loop(files: Sequence[Path], recipe: Recipe, size: int, images: int) -> float:
+    """Images per CPU-second of timm's transform over ``files`` (cycled), as a plain loop."""
+    import torch
+
+    transform = build_transform(AugmentationSpec(preset=recipe), size)
+    torch.manual_seed(0)
+    started = time.process_time()
+    for i in range(images):
+        data = files[i % len(files)].read_bytes()
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        np.asarray(transform(image))
+    return images / (time.process_time() - started)
+
+
+def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[str, float]]:
+    data = spec_data(
+        name="per-core", model="vit_tiny_patch16_224", image_size=args.size,
+        batch_size=args.batch, steps=1, dataprep={"count": 1},
+        dataset={"source": "folder", "path": str(root)},
+        job={"augmentation": {"preset": recipe.value},
+             "dataplane": {"prefetch_batches": 8, "chunk_batches": 2}},
+    )  # fmt: skip
+    spec_path = write_spec(root.parent / f"spec-{recipe.value}.toml", data)
+    spec = load_spec(spec_path)
+    files = sorted(root.rglob("*.jpg"))
+    others = sorted(set(os.sched_getaffinity(0)) - {args.core}) or [args.core]
+    rounds = []
+    for r in range(args.rounds):
+        with pinned([args.core]), thread_environ(1):
+            import torch
+
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                loop = plain_loop(files, recipe, args.size, args.batches * args.batch)
+            finally:
+                torch.set_num_threads(threads)
+        server = measure_dataprep(spec_path, spec, [args.core], args.batches, others)
+        row = {
+            "loop": loop,
+            "server": server.images_per_s_per_vcpu,
+            "ratio": server.images_per_s_per_vcpu / loop,
+        }
+        print(f"{recipe.value} round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
+        rounds.append(row)
+    return rounds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks per_core", description=__doc__)
+    parser.add_argument("--recipes", default="standard,randaugment", help="comma-separated")
+    parser.add_argument("--images", type=int, default=128, help="files in the folder")
+    parser.add_argument("--batches", type=int, default=40, help="timed batches per measurement")
+    parser.add_argument("--batch", type=int, default=32, help="images per batch")
+    parser.add_argument("--size", type=int, default=224, help="crop size")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved loop/server pairs")
+    parser.add_argument("--core", type=int, default=0, help="the core both paths run on")
+    args = parser.parse_args(argv)
+    recipes = [Recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="per-core-") as tmp:
+        root = Path(tmp) / "photos"
+        source_bytes = make_folder(root, args.images)
+        for recipe in recipes:
+            rounds = measure(args, root, recipe)
+            results[recipe.value] = {
+                "rounds": rounds,
+                "loop": statistics.median(r["loop"] for r in rounds),
+                "server": statistics.median(r["server"] for r in rounds),
+                "ratio": statistics.median(r["ratio"] for r in rounds),
+            }
+    print_table(
+        f"images per CPU-second on one core, {args.size} px, median of {args.rounds} rounds",
+        ["recipe", "plain timm loop", "data server", "server / loop"],
+        [
+            (name, f"{r['loop']:.0f}", f"{r['server']:.0f}", f"{r['ratio']:.2f}")
+            for name, r in results.items()
+        ],
+        left=1,
+    )
+    meets = all(r["ratio"] >= TARGET for r in results.values())
+    result = {
+        "target": f"server / loop >= {TARGET} for every recipe",
+        "meets_target": meets,
+        "settings": {**vars(args), "photos": list(PHOTOS), "source_bytes": source_bytes},
+        "recipes": results,
+    }
+    return report("per_core", result, {"meets_target": meets, **{
+        name: round(r["ratio"], 3) for name, r in results.items()
+    }})  # fmt: skip

@@ -1,0 +1,33 @@
+"""The per-core benchmark in smoke mode: the plain loop and a real data server on the same core,
+over the photographs scikit-learn ships, and the result file the ratio is read from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_short_run_measures_the_loop_and_the_server_on_one_core(tmp_path: Path) -> None:
+    flags = ["--recipes", "standard", "--images", "8", "--batches", "3", "--batch", "8"]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "per_core", *flags, "--rounds", "1"],
+        cwd=REPO, env={**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "per_core.json").read_text())
+    assert result["settings"]["photos"] == ["china.jpg", "flower.jpg"]
+    assert result["settings"]["source_bytes"] == 4 * (196653 + 142987)  # the two JPEGs, 4 each
+    (round_,) = result["recipes"]["standard"]["rounds"]
+    assert round_["loop"] > 0 and round_["server"] > 0
+    assert round_["ratio"] == pytest.approx(round_["server"] / round_["loop"])
+    assert result["meets_target"] == (round_["ratio"] >= 1.0)
+    assert "server / loop" in done.stdout and result["machine"]["cpu_cores"] >= 2
