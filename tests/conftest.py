@@ -34,6 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 SLOW_FIRST = (
+    "tests/rehearsal/test_rehearse_silent.py",
     "tests/rehearsal/test_rehearse_e2e.py",
     "tests/rehearsal/test_rehearse_budget.py",
     "tests/trainer/test_recipe.py",
