@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.frozen import freeze
 from training.common.progress import ProgressWriter, progress_path, read_progress
 from training.launcher.hang_watch import HangWatch
 
@@ -65,7 +65,7 @@ def test_a_stuck_rank_answers_with_its_stacks(rank: subprocess.Popen[str], tmp_p
 
 
 def test_a_stopped_rank_cannot_answer(rank: subprocess.Popen[str], tmp_path: Path) -> None:
-    os.kill(rank.pid, signal.SIGSTOP)
+    freeze(rank.pid)
     watch = HangWatch(tmp_path, generation=1, floor_s=0.0, stacks_wait_s=0.5)
     hang = watch.check([rank.pid])
     assert hang is not None

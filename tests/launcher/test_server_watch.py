@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.frozen import freeze
 from training.launcher.server_watch import ServerWatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ def test_a_serving_server_answers_and_a_stopped_one_is_not_answering_after_the_b
         assert watch.check() is None and watch.answered[address] == 0.0
         now[0] = 10.0
         assert watch.check() is None and watch.answered[address] == 10.0
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         now[0] = 50.0
         assert watch.check() is None  # 40 s without an answer: within the bound
         assert watch.problems[address].startswith("DEADLINE_EXCEEDED")
