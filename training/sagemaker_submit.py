@@ -56,7 +56,9 @@ from training.common.names import (
     ENV_CHECKPOINT_URI,
     ENV_INIT_URI,
     ENV_SPEC,
+    SAGEMAKER_CHECKPOINT_DIR,
     SAGEMAKER_JOB_PREFIX,
+    SAGEMAKER_OUTPUT_DIR,
     SAGEMAKER_SPEC_CHANNEL,
 )
 from training.common.s3 import s3_uri
@@ -79,7 +81,6 @@ from training.common.timm_hub import (
     resolve_timm_init,
     upload_staged,
 )
-from training.launcher.plan import SAGEMAKER_CHECKPOINT_DIR, SAGEMAKER_OUTPUT_DIR
 from training.prices import pricing_client
 from training.sagemaker_budget import PriceError, price_job, runtime_limit
 from training.spec import ClusterSpec, DatasetSource, InstanceGroup, Market, load_spec

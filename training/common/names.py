@@ -74,6 +74,11 @@ LAST_EVAL_FILE: Final = "last_eval.json"
 record, where ``hetero status`` finds it."""
 SAGEMAKER_RESOURCECONFIG: Final = "/opt/ml/input/config/resourceconfig.json"
 """SageMaker's description of a training job's hosts and instance groups, on every host."""
+SAGEMAKER_CHECKPOINT_DIR: Final = "/opt/ml/checkpoints"
+"""The job's ``CheckpointConfig.LocalPath`` (the submission sets it), the trainer's checkpoint
+folder on SageMaker (https://docs.aws.amazon.com/sagemaker/latest/dg/model-checkpoints.html)."""
+SAGEMAKER_OUTPUT_DIR: Final = "/opt/ml/output/data"
+"""The trainer's run folder on SageMaker (the output data folder of the page below)."""
 SAGEMAKER_FAILURE_FILE: Final = "/opt/ml/output/failure"
 """Where a failing SageMaker training container writes why: SageMaker returns it as the job's
 ``FailureReason`` (https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo-output.html)."""

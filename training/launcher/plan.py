@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from training.common.names import ENV_CHECKPOINT_URI, ENV_INIT_URI, ENV_REGION
+from training.common.names import (
+    ENV_CHECKPOINT_URI,
+    ENV_INIT_URI,
+    ENV_REGION,
+    SAGEMAKER_CHECKPOINT_DIR,
+    SAGEMAKER_OUTPUT_DIR,
+)
 from training.common.s3 import is_s3_uri
 from training.dataplane.autoscale import backend_arg
 from training.launcher import efa, peers, roles
@@ -19,9 +25,6 @@ from training.launcher.group import GroupIdentity
 from training.spec import ClusterSpec, Role
 
 log = logging.getLogger(__name__)
-
-SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
-SAGEMAKER_OUTPUT_DIR = "/opt/ml/output/data"
 
 
 def checkpoint_staging_dir(tmpdir: str | Path | None = None) -> str:

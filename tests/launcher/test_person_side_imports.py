@@ -1,0 +1,42 @@
+"""The person's commands (run on their machine, with their credentials) never load the instance's
+loop: `hetero job start`, `hetero status`, the SageMaker submission and its budget reach only the
+launcher modules they share with the instances (the budget, the bill, the prices, the backstop).
+Checked in a fresh interpreter, so an import anywhere in the chain counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PERSON_SIDE = {
+    "training.launcher.jobstart": {"backstop", "budget", "jobstart"},
+    "training.launcher.status": {"bill", "budget", "deploy_prices", "status"},
+    "training.sagemaker_submit": set(),
+    "training.sagemaker_budget": set(),
+}
+"""Each command's module and the launcher modules it may load (by their last name)."""
+
+
+def launcher_modules(module: str) -> set[str]:
+    """The ``training.launcher`` modules a fresh interpreter holds after importing ``module``."""
+    probe = (
+        f"import {module}, json, sys; prefix = 'training.launcher.'; "
+        "print(json.dumps([m[len(prefix):] for m in sys.modules if m.startswith(prefix)]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("module", sorted(PERSON_SIDE))
+def test_a_command_of_the_person_loads_no_part_of_the_instance_loop(module: str) -> None:
+    assert launcher_modules(module) == PERSON_SIDE[module]
+
+
+def test_the_probe_sees_the_instance_loop_when_it_is_loaded() -> None:
+    """The check can fail: the EC2 start loads the job loop and its watches."""
+    assert {"ec2_job", "ec2_watches", "plan"} <= launcher_modules("training.launcher.ec2_start")
