@@ -142,7 +142,10 @@ def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slow
     )
     settled = [r for r in train[first:] if r["step"] <= PHASE_2]
     assert len(settled) >= 4 and all(r["data_servers"] == 3 for r in settled), train
-    assert statistics.median(r["data_wait_share"] for r in settled) < 0.01
+    # Under half the target wait (autoscale_target_wait 0.05), where the controller would call
+    # the tier oversized: a median of 0.4 % alone, 1.0 % once beside the rest of the suite on 2
+    # cores; one server would leave about 60 % and two about 25 %.
+    assert statistics.median(r["data_wait_share"] for r in settled) < 0.025
     assert train[-1]["data_servers_target"] == 1 and train[-1]["data_servers"] == 1
 
     # Every sample exactly once per epoch, in the planned order, through both changes.
