@@ -41,7 +41,7 @@ from PIL import Image
 
 from benchmarks.trainer_common import print_table, report, spec_data, write_spec
 from training.data.transforms import build_transform
-from training.planner.bench import measure_dataprep, pinned, thread_environ
+from training.planner.bench import measure_dataprep, pinned
 from training.spec import AugmentationSpec, Recipe, load_spec
 
 TARGET = 1.0
@@ -61,17 +61,23 @@ def make_folder(root: Path, images: int) -> int:
 
 
 def plain_loop(files: Sequence[Path], recipe: Recipe, size: int, images: int) -> float:
-    """Images per CPU-second of timm's transform over ``files`` (cycled), as a plain loop."""
+    """Images per CPU-second of timm's transform over ``files`` (cycled), as a plain loop on one
+    torch thread (as each server worker runs)."""
     import torch
 
     transform = build_transform(AugmentationSpec(preset=recipe), size)
     torch.manual_seed(0)
-    started = time.process_time()
-    for i in range(images):
-        data = files[i % len(files)].read_bytes()
-        image = Image.open(io.BytesIO(data)).convert("RGB")
-        np.asarray(transform(image))
-    return images / (time.process_time() - started)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        started = time.process_time()
+        for i in range(images):
+            data = files[i % len(files)].read_bytes()
+            image = Image.open(io.BytesIO(data)).convert("RGB")
+            np.asarray(transform(image))
+        return images / (time.process_time() - started)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[str, float]]:
@@ -88,15 +94,8 @@ def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[s
     others = sorted(set(os.sched_getaffinity(0)) - {args.core}) or [args.core]
     rounds = []
     for r in range(args.rounds):
-        with pinned([args.core]), thread_environ(1):
-            import torch
-
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                loop = plain_loop(files, recipe, args.size, args.batches * args.batch)
-            finally:
-                torch.set_num_threads(threads)
+        with pinned([args.core]):
+            loop = plain_loop(files, recipe, args.size, args.batches * args.batch)
         server = measure_dataprep(spec_path, spec, [args.core], args.batches, others)
         row = {
             "loop": loop,

@@ -58,6 +58,12 @@ def _no_streams_within(timeout_s: float = 10.0) -> list[str]:
     return _streams()
 
 
+def _read_alone(servers: list[str], epoch: int) -> list[Batch]:
+    """``epoch`` as a client of its own reads it, with no epoch before it."""
+    with _client(servers) as alone:
+        return list(alone.iter_epoch(epoch))
+
+
 def _same(a: list[Batch], b: list[Batch]) -> bool:
     return len(a) == len(b) and all(
         torch.equal(x.sample_ids, y.sample_ids) and torch.equal(x.labels, y.labels)
@@ -68,8 +74,7 @@ def _same(a: list[Batch], b: list[Batch]) -> bool:
 def test_the_window_runs_on_into_the_next_epoch_and_its_batches_are_not_made_twice(
     two_servers: list[str],
 ) -> None:
-    with _client(two_servers) as alone:
-        expected = list(alone.iter_epoch(1))
+    expected = _read_alone(two_servers, 1)
 
     with _client(two_servers) as client:
         first: list[Batch] = []
@@ -91,8 +96,7 @@ def test_the_window_runs_on_into_the_next_epoch_and_its_batches_are_not_made_twi
 def test_a_read_ahead_is_dropped_when_another_epoch_follows_or_the_epoch_is_left(
     two_servers: list[str],
 ) -> None:
-    with _client(two_servers) as alone:
-        expected = list(alone.iter_epoch(2))
+    expected = _read_alone(two_servers, 2)
 
     with _client(two_servers) as client:
         assert len(list(client.iter_epoch(0, then=1))) == PER_EPOCH

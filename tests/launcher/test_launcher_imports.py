@@ -6,11 +6,9 @@ EC2 start and job loop, its watches (the data server's health check included), t
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+
+from tests.fresh_imports import loaded_modules
 
 HEAVY = ("torch", "timm", "torchvision")
 
@@ -27,17 +25,7 @@ LAUNCHER_MODULES = (
 
 def loaded_heavy(*code: str) -> list[str]:
     """The heavy top-level packages a fresh interpreter holds after running ``code``."""
-    probe = "\n".join(
-        [
-            *code,
-            "import json, sys",
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r})))",
-        ]
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    return list(json.loads(out.stdout.splitlines()[-1]))
+    return sorted({m.split(".")[0] for m in loaded_modules(*code)} & set(HEAVY))
 
 
 @pytest.mark.parametrize("module", LAUNCHER_MODULES)

@@ -5,11 +5,9 @@ Checked in a fresh interpreter, so an import anywhere in the chain counts."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+
+from tests.fresh_imports import loaded_modules
 
 PERSON_SIDE = {
     "training.launcher.jobstart": {"backstop", "budget", "jobstart"},
@@ -22,14 +20,8 @@ PERSON_SIDE = {
 
 def launcher_modules(module: str) -> set[str]:
     """The ``training.launcher`` modules a fresh interpreter holds after importing ``module``."""
-    probe = (
-        f"import {module}, json, sys; prefix = 'training.launcher.'; "
-        "print(json.dumps([m[len(prefix):] for m in sys.modules if m.startswith(prefix)]))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
-    return set(json.loads(out.stdout.splitlines()[-1]))
+    prefix = "training.launcher."
+    return {m[len(prefix) :] for m in loaded_modules(f"import {module}") if m.startswith(prefix)}
 
 
 @pytest.mark.parametrize("module", sorted(PERSON_SIDE))
