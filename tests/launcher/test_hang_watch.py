@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from frozen import freeze
 
-from tests.frozen import freeze
 from training.common.progress import ProgressWriter, progress_path, read_progress
 from training.launcher.hang_watch import HangWatch
 

@@ -7,8 +7,7 @@ EC2 start and job loop, its watches (the data server's health check included), t
 from __future__ import annotations
 
 import pytest
-
-from tests.fresh_imports import loaded_modules
+from fresh_imports import loaded_modules
 
 HEAVY = ("torch", "timm", "torchvision")
 

@@ -30,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from training.data.order import epoch_order
 from training.rehearsal.audit import Layout, audit_samples
 from training.rehearsal.samples import read_sample_logs
@@ -98,6 +100,10 @@ PHASE_2 = 200
 PACE = f"0.1,{PHASE_2}:0.6"  # seconds per step; from step 200 on, 0.6
 
 
+# Alone: three servers give 180 images/s against the 160 wanted, so the controller holds at 3 only
+# while each server gets its share of a core. Beside the rest of the suite on CI's 2 cores they
+# did not (the trainer still waited, their busy share high) and it rightly asked for a fourth.
+@pytest.mark.alone
 def test_the_data_tier_grows_to_what_the_trainer_needs_then_shrinks_when_it_slows(
     tmp_path: Path,
 ) -> None:

@@ -6,8 +6,7 @@ Checked in a fresh interpreter, so an import anywhere in the chain counts."""
 from __future__ import annotations
 
 import pytest
-
-from tests.fresh_imports import loaded_modules
+from fresh_imports import loaded_modules
 
 PERSON_SIDE = {
     "training.launcher.jobstart": {"backstop", "budget", "jobstart"},

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from frozen import freeze
 
-from tests.frozen import freeze
 from training.launcher.server_watch import ServerWatch
 
 REPO = Path(__file__).resolve().parents[2]

@@ -276,8 +276,9 @@ PACE = f"1.2,{SLOW}:4.0"
 NOTICE_S = 30
 
 
-# Alone: a scaled-out server must be admitted before an epoch boundary, and beside other heavy
-# tests on 2 cores its start-up was seen to miss it (then it serves from the next epoch only).
+# Alone: a scaled-out instance must serve before the slow phase, and the servers' throttle is
+# their capacity only while each gets its share of a core; beside other heavy tests on 2 cores
+# its start-up was seen to take too long.
 @pytest.mark.alone
 @pytest.mark.timeout(TIMEOUT_S + 200)
 def test_the_data_tier_sizes_itself_and_a_spot_loss_in_a_scale_in_counts_once(
