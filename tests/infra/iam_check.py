@@ -330,7 +330,8 @@ def _requests(
         # AWS's public parameters (/aws/service/...) belong to no account and their ARNs name
         # none, which the simulator cannot match to a resource type ("no.resource.types"): they
         # are evaluated with the account, and test_iam_context checks the user policy's
-        # statement against AWS's own ARN (``public_parameter_arn``).
+        # statement against AWS's own ARN
+        # (test_the_user_policy_grants_aws_public_parameters_by_aws_own_arn).
         return [
             Request(
                 action,

@@ -62,18 +62,23 @@ def vpc_endpoints(network: Mapping[str, Any], region: str) -> dict[str, str]:
     return out
 
 
+IN_THE_VPC = ("instance", "sagemaker")
+
+
 def common(
     service: str, principal: str, *, region: str, endpoints: Mapping[str, str]
 ) -> dict[str, str]:
     """The keys every request of ``service`` by ``principal`` carries."""
     requested = PRICING_REGION if service == "pricing" else region
     keys = {"aws:RequestedRegion": requested, "aws:SecureTransport": "true"}
-    if principal == "instance":
+    # The instances and the SageMaker job's containers (VpcConfig: the cluster's isolated
+    # subnet) have no route out but the network's endpoints.
+    if principal in IN_THE_VPC:
         if service not in endpoints:
             raise NoRoute(
-                f"the instance role calls {service}, and the network has no VPC endpoint for "
+                f"the {principal} role calls {service}, and the network has no VPC endpoint for "
                 f"it (endpoints: {', '.join(sorted(endpoints))}): the call cannot leave the "
-                "instance; add one in infra/network.py"
+                "subnet; add one in infra/network.py"
             )
         keys |= {"aws:SourceVpc": VPC, "aws:SourceVpce": endpoints[service]}
     return keys

@@ -220,22 +220,30 @@ def test_the_simulator_ignores_no_key_it_is_given(stack: Stack) -> None:
     assert not ignored, "keys the simulator ignored:\n" + "\n".join(ignored)
 
 
-def test_every_instance_call_goes_through_a_vpc_endpoint(stack: Stack) -> None:
-    """The instances have no route out but the endpoints: each instance request carries its
-    endpoint (``aws:SourceVpce``); without the endpoint, the request cannot be made."""
-    instance = [c for c in aws_calls.load() if c["principal"] == "instance"]
-    services = {c["service"] for c in instance}
+def test_every_instance_and_sagemaker_call_goes_through_a_vpc_endpoint(stack: Stack) -> None:
+    """The instances, and the SageMaker job's containers in the cluster's isolated subnet, have
+    no route out but the endpoints: each of their requests carries its endpoint
+    (``aws:SourceVpce``); without the endpoint, the request cannot be made."""
+    inside = [c for c in aws_calls.load() if c["principal"] in ("instance", "sagemaker")]
+    assert {c["principal"] for c in inside} == {"instance", "sagemaker"}
+    services = {c["service"] for c in inside}
     assert services <= set(stack.endpoints), services - set(stack.endpoints)
-    for call in instance:
+    for call in inside:
         for request in requests(call, stack):
             assert request.context["aws:SourceVpce"] == stack.endpoints[call["service"]]
             assert request.context["aws:SourceVpc"] == iam_context.VPC
     gone = dataclasses.replace(
         stack, endpoints={k: v for k, v in stack.endpoints.items() if k != "autoscaling"}
     )
-    call = next(c for c in instance if c["service"] == "autoscaling")
+    call = next(c for c in inside if c["service"] == "autoscaling")
     with pytest.raises(iam_context.NoRoute, match="no VPC endpoint for it"):
         requests(call, gone)
+    no_s3 = dataclasses.replace(
+        stack, endpoints={k: v for k, v in stack.endpoints.items() if k != "s3"}
+    )
+    call = next(c for c in inside if c["principal"] == "sagemaker")
+    with pytest.raises(iam_context.NoRoute, match="the sagemaker role calls s3"):
+        requests(call, no_s3)
 
 
 def test_price_list_calls_are_requested_in_the_price_list_region(stack: Stack) -> None:
