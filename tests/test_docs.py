@@ -4,6 +4,9 @@
   the anchor is a heading of it under GitHub's slug rules.
 - Every ``hetero ...`` command in README.md's shell blocks parses with the CLI's own parser
   (``training.cli.build_parser``: parsed, never run); every ``make`` target it shows exists.
+- The README bootstraps CDK before ``hetero preflight`` (whose bootstrap row fails until then),
+  and its ``tensorboard --logdir`` commands are the ones ``hetero status --tensorboard`` and
+  ``hetero local`` print.
 - Every ``npx cdk deploy|destroy|diff`` (and, in the README, ``synth``) names its spec with
   ``-c spec=``: the stack names come from the spec's ``name`` (``infra/assembly.py``), and without
   ``-c spec=`` the app reads ``cluster.toml`` (cdk.json's context), not the spec deployed.
@@ -458,6 +461,37 @@ def test_the_readme_keeps_its_two_setup_commands_and_its_make_targets_exist() ->
     assert ["local"] in made and ["test"] in made  # CI runs the README's `make test`
     targets = set(re.findall(r"(?m)^([\w-]+):", (REPO / "Makefile").read_text()))
     assert {a for args in made for a in args} <= targets
+
+
+def readme_commands() -> list[list[str]]:
+    """The README's shell commands, in order, as words."""
+    return list(shell_commands(split_fences(README.read_text())[1]))
+
+
+def test_the_readme_bootstraps_before_the_preflight() -> None:
+    # hetero preflight reports FAIL and exits 1 while the account has no CDKToolkit stack
+    # (training/preflight/account.py), so the prerequisites bootstrap first.
+    commands = [" ".join(words) for words in readme_commands()]
+    bootstrap = next(i for i, c in enumerate(commands) if c.startswith("npx cdk bootstrap"))
+    preflight = next(i for i, c in enumerate(commands) if " preflight " in f" {c} ")
+    assert bootstrap < preflight
+
+
+def test_the_readme_tensorboard_commands_are_the_ones_the_cli_prints() -> None:
+    from training.common.names import CHECKPOINT_PREFIX
+    from training.common.tensorboard_paths import FOLDER
+    from training.launcher.status import tensorboard_lines
+
+    shown = {
+        " ".join(words[1:]) for words in readme_commands() if program(words)[0] == "tensorboard"
+    }
+    # `hetero status --tensorboard`'s "every job of the stack" line, for a job folder of the
+    # stack's checkpoint prefix (the CheckpointUri output: s3://<bucket>/checkpoints/).
+    every_job = tensorboard_lines(f"s3://BUCKET/{CHECKPOINT_PREFIX}/JOB/")[0]
+    assert every_job.split(": ", 1)[1].split(" ", 1)[1] in shown
+    # `hetero local` prints the command for tensorboard/ of its run folder (--run-dir).
+    run_dir = build_parser("local").parse_args(["local", "--spec", "x"]).run_dir
+    assert f"--logdir {Path(run_dir) / FOLDER}" in shown
 
 
 def test_every_cdk_command_names_its_spec() -> None:
