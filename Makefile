@@ -1,6 +1,6 @@
 # The README's two commands: `make local` (install, then run the local heterogeneous job) and
 # `make test` (install, then lint, type-check and run the tests). Both work from a fresh clone
-# on a machine with Python 3.11+, Node and npm.
+# on a machine with Python 3.11+; `make test` also needs Node and npm.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
