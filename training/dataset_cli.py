@@ -134,7 +134,8 @@ def run_prep(args: argparse.Namespace) -> int:
     print(f"  classes: {len(result.manifest.classes)}")
     excluded = result.manifest.excluded
     if excluded:
-        print(f"  left out {len(excluded)} image(s) that do not decode (the manifest's excluded):")
+        n = len(excluded)
+        print(f"  left out {n} image(s) that cannot be read or decoded (the manifest's excluded):")
         for image in excluded:
             print(f"    {image.path}: {image.reason}")
     print(f"manifest sha256 {result.sha256}")

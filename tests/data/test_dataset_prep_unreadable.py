@@ -1,10 +1,13 @@
 """``hetero dataset prep`` and ``verify`` on a dataset as it comes: a file name that is not
 UTF-8, a zero-byte ``.jpg``, a truncated PNG, a text file named ``.jpg`` and a decompression bomb
 among valid images of every mode the data servers convert (CMYK, RGBA, 16-bit, palette, 1-bit,
-1x1). Prep leaves out exactly the bad ones, names each with its reason (console and manifest),
-packs every valid one, refuses the lot with ``--strict``; verify flags a sample that no longer
-decodes; the same from an S3 source. And a job over the same files unprepared (a folder, an S3
-prefix) names exactly the files prep leaves out, with the same kinds, in its summary."""
+1x1), and files that cannot be read at all (a dangling symlink, a symlink loop; in S3 an archived
+object, one deleted after the listing). Prep leaves out exactly the bad ones, names each with its
+reason (console and manifest), packs every valid one, refuses the lot with ``--strict``, and
+still stops, to be resumed, on a read error that is not the file's own; verify flags a sample
+that no longer decodes; the same from an S3 source. And a job over the same files unprepared (a
+folder, an S3 prefix) names exactly the files prep leaves out, with the same kinds, in its
+summary."""
 
 from __future__ import annotations
 
@@ -16,15 +19,18 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 from PIL import Image
 
 from training.cli import main
 from training.data import decode
 from training.data.decode import (
+    CANNOT_READ,
     CORRUPT,
     EMPTY,
     NOT_AN_IMAGE,
@@ -34,7 +40,7 @@ from training.data.decode import (
 )
 from training.data.manifest import Manifest, load_manifest
 from training.data.prep import PrepRequest, prep
-from training.data.prep_inputs import UnreadableImages, shuffle_order
+from training.data.prep_inputs import UnreadableImages, read_problem, shuffle_order
 from training.data.tar_format import ShardRecord, ShardWriter
 
 CAFE = b"caf\xe9.png"  # Latin-1, as an archive made elsewhere names it: not UTF-8
@@ -99,17 +105,35 @@ def src(tmp_path: Path, files: Files) -> Path:
     return write_folder(tmp_path / "src", files)
 
 
+GONE = b"a/gone.png"
+LOOP = b"c/loop.jpg"
+
+
+def add_unreadable_links(root: Path) -> dict[bytes, str]:
+    """Two files under ``root`` that cannot be read, even by root: a symlink to a file that is
+    not there, and one to itself; their reason kind by path."""
+    os.symlink("missing.png", root / os.fsdecode(GONE))
+    os.symlink("loop.jpg", root / os.fsdecode(LOOP))
+    return {GONE: CANNOT_READ, LOOP: CANNOT_READ}
+
+
 def shown(root: Path, rel: bytes) -> str:
     """A path as prep shows it: its absolute path, bytes that are not UTF-8 as ``\\xNN``."""
     return (os.fsencode(root.resolve()) + b"/" + rel).decode("utf-8", "backslashreplace")
 
 
+KINDS = (EMPTY, NOT_AN_IMAGE, TOO_MANY_PIXELS, CORRUPT, CANNOT_READ)
+
+
 def kind(reason: str) -> str:
-    return next(k for k in (EMPTY, NOT_AN_IMAGE, TOO_MANY_PIXELS, CORRUPT) if reason.startswith(k))
+    return next(k for k in KINDS if reason.startswith(k))
 
 
-def expected_excluded(root: Path, files: Files) -> list[tuple[str, str]]:
-    return sorted((shown(root, rel), k) for rel, (_, k) in files.bad.items())
+def expected_excluded(
+    root: Path, files: Files, unreadable: dict[bytes, str] | None = None
+) -> list[tuple[str, str]]:
+    kinds = {**{rel: k for rel, (_, k) in files.bad.items()}, **(unreadable or {})}
+    return sorted((shown(root, rel), k) for rel, k in kinds.items())
 
 
 def packed(root: Path, manifest: Manifest) -> list[tuple[str, str, str]]:
@@ -124,10 +148,12 @@ def packed(root: Path, manifest: Manifest) -> list[tuple[str, str, str]]:
     return found
 
 
-def expected_packed(files: Files) -> list[tuple[str, str, str]]:
+def expected_packed(files: Files, unreadable: tuple[bytes, ...] = ()) -> list[tuple[str, str, str]]:
     """The valid images in prep's order: the trainer's listing (classes, then file names, as
-    str sorts them) in the seeded shuffle, the bad ones then taken out; keys numbered on."""
+    str sorts them) in the seeded shuffle, the bad ones (and ``unreadable``) then taken out;
+    keys numbered on."""
     every = {**files.valid, **{p: d for p, (d, _) in files.bad.items()}}
+    every.update((p, b"") for p in unreadable)
     listed = sorted(every, key=lambda p: tuple(os.fsdecode(part) for part in p.split(b"/")))
     order = [listed[i] for i in shuffle_order(len(listed), 0)]
     kept = [p for p in order if p in files.valid]
@@ -181,7 +207,7 @@ def test_prep_leaves_out_each_unreadable_image_and_names_it(
         f"wrote {out}/manifest.json\n"
         "  train: 8 samples in 1 shards\n"
         "  classes: 3\n"
-        "  left out 4 image(s) that do not decode (the manifest's excluded):\n"
+        "  left out 4 image(s) that cannot be read or decoded (the manifest's excluded):\n"
         f"{listing}"
         f"manifest sha256 {digest}\n"
         "pin it under [job.dataset]:\n"
@@ -209,14 +235,102 @@ def test_strict_refuses_the_dataset_listing_every_bad_file(
     assert (rc, stdout) == (2, "")
     head, *lines = stderr.splitlines()
     assert head == (
-        "hetero dataset prep: --strict: 4 image(s) do not decode, so nothing is prepared (the "
-        "shards this run wrote are removed); fix or remove them, or leave out --strict to "
-        "prepare the dataset without them:"
+        "hetero dataset prep: --strict: 4 image(s) cannot be read or decoded, so nothing is "
+        "prepared (the shards this run wrote are removed); fix or remove them, or leave out "
+        "--strict to prepare the dataset without them:"
     )
     assert sorted((line.split(": ", 1)[0], kind(line.split(": ", 1)[1])) for line in lines) == [
         (f"  {path}", k) for path, k in expected_excluded(src, files)
     ]
     assert list(out.iterdir()) == []  # no shard, no state, no manifest
+
+
+def test_a_file_that_cannot_be_read_is_left_out_like_one_that_does_not_decode(
+    src: Path, files: Files, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dangling symlink and a symlink loop: listed, left out with ``cannot read it``, the
+    rest packed; ``--strict`` refuses them with the others (not "rerun to resume": a rerun
+    meets them again)."""
+    links = add_unreadable_links(src)
+    out = tmp_path / "out"
+    rc, stdout, stderr = run_cli(capsys, "dataset", "prep", "--src", str(src), "--out", str(out))
+    assert (rc, stderr) == (0, "")
+    manifest, _, _ = load_manifest(str(out))
+    assert [(e.path, kind(e.reason)) for e in manifest.excluded] == expected_excluded(
+        src, files, links
+    )
+    assert packed(out, manifest) == expected_packed(files, tuple(links))
+    reasons = {e.path: e.reason for e in manifest.excluded}
+    assert reasons[shown(src, GONE)] == (
+        f"{CANNOT_READ}: No such file or directory (a symbolic link to missing.png, which is "
+        "not there)"
+    )
+    assert reasons[shown(src, LOOP)] == f"{CANNOT_READ}: Too many levels of symbolic links"
+    assert "  left out 6 image(s) that cannot be read or decoded" in stdout
+    assert f"    {shown(src, GONE)}: {CANNOT_READ}: No such file" in stdout
+
+    strict = tmp_path / "strict"
+    argv = ["dataset", "prep", "--src", str(src), "--out", str(strict), "--strict"]
+    rc, stdout, stderr = run_cli(capsys, *argv)
+    assert (rc, stdout) == (2, "")
+    assert stderr.startswith("hetero dataset prep: --strict: 6 image(s) cannot be read or ")
+    assert f"\n  {shown(src, LOOP)}: {CANNOT_READ}: " in stderr
+    assert list(strict.iterdir()) == []
+
+
+def s3_error(code: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": code}}, "GetObject")
+
+
+@pytest.mark.parametrize(
+    ("error", "unreadable"),
+    [
+        (s3_error("AccessDenied"), True),
+        (s3_error("NoSuchKey"), True),
+        (s3_error("InvalidObjectState"), True),  # archived (Glacier), not restored
+        (s3_error("SlowDown"), False),
+        (s3_error("InternalError"), False),
+        (s3_error("RequestTimeout"), False),
+        (PermissionError(13, "Permission denied"), True),
+        (FileNotFoundError(2, "No such file or directory"), True),
+        (OSError(24, "Too many open files"), False),
+        (OSError(5, "Input/output error"), False),
+        (ConnectionResetError(104, "Connection reset by peer"), False),
+        (RuntimeError("a bug"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_only_a_files_own_lasting_error_makes_it_unreadable(
+    error: Exception, unreadable: bool
+) -> None:
+    problem = read_problem("/nowhere/a/x.png", error)
+    assert (problem is not None) is unreadable
+    assert problem is None or problem.startswith(f"{CANNOT_READ}: ")
+
+
+def test_a_read_error_that_is_not_the_files_own_still_stops_to_be_resumed(
+    src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too many open files is this machine's state, not the file's: prep stops (exit 1) and a
+    rerun resumes, rather than leaving a good image out of the dataset for good."""
+    real = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        if path.name == "plain.jpg":
+            raise OSError(24, "Too many open files")
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    out = tmp_path / "out"
+    rc, stdout, stderr = run_cli(capsys, "dataset", "prep", "--src", str(src), "--out", str(out))
+    assert (rc, stdout) == (1, "")
+    assert stderr == (
+        "hetero dataset prep: [Errno 24] Too many open files; the finished shards are kept: "
+        "rerun the same command to resume\n"
+    )
+    monkeypatch.undo()
+    assert run_cli(capsys, "dataset", "prep", "--src", str(src), "--out", str(out))[0] == 0
+    assert len(load_manifest(str(out))[0].splits["train"]) == 8
 
 
 def test_a_resume_after_left_out_images_gives_the_same_bytes(
@@ -272,7 +386,7 @@ def test_a_split_with_no_readable_image_is_refused(src: Path, files: Files, tmp_
     val = write_folder(tmp_path / "val", Files({}, bad))
     with pytest.raises(UnreadableImages) as e:
         prep(PrepRequest(src=str(src), val_src=str(val), out=str(tmp_path / "out")))
-    assert str(e.value).startswith("no image of the val split decodes:\n")
+    assert str(e.value).startswith("no image of the val split reads and decodes:\n")
     assert [i.path for i in e.value.images] == [shown(val, p) for p in sorted(bad)]
 
 
@@ -349,6 +463,62 @@ def test_prep_from_s3_leaves_out_the_same_files(files: Files, tmp_path: Path) ->
     assert s3.list_objects_v2(Bucket="images", Prefix="strict/").get("KeyCount") == 0
 
 
+ARCHIVED_KEY, DELETED_KEY = "raw/a/archived.jpg", "raw/c/deleted.jpg"
+ARCHIVED, DELETED = f"s3://images/{ARCHIVED_KEY}", f"s3://images/{DELETED_KEY}"
+
+
+def put_unreadable_objects(s3: Any, image: bytes) -> dict[str, str]:
+    """An object archived to Glacier (GetObject: InvalidObjectState until it is restored) and
+    one that ``DeletesOnRead`` takes away after the listing; their reason kind by URI."""
+    s3.put_object(Bucket="images", Key=ARCHIVED_KEY, Body=image, StorageClass="GLACIER")
+    s3.put_object(Bucket="images", Key=DELETED_KEY, Body=image)
+    return {ARCHIVED: CANNOT_READ, DELETED: CANNOT_READ}
+
+
+class DeletesOnRead:
+    """moto's S3 client, but ``DELETED`` is deleted just before it is read (someone removed it
+    while prep ran: GetObject answers NoSuchKey), and a read of ``fails`` is throttled."""
+
+    def __init__(self, client: Any, fails: str = "") -> None:
+        self._client, self.fails = client, fails
+
+    def get_object(self, **kw: Any) -> Any:
+        uri = f"s3://{kw['Bucket']}/{kw['Key']}"
+        if uri == DELETED:
+            self._client.delete_object(**kw)
+        if uri == self.fails:
+            raise ClientError({"Error": {"Code": "SlowDown", "Message": "Slow down"}}, "GetObject")
+        return self._client.get_object(**kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+@mock_aws
+def test_an_s3_object_that_cannot_be_read_is_left_out(files: Files) -> None:
+    """Archived, or deleted after the listing: left out with ``cannot read it`` and S3's error;
+    a throttled read still stops the prep (a rerun resumes it)."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="images")
+    bad = upload(s3, files, "raw/")
+    unreadable = put_unreadable_objects(s3, files.valid[b"c/plain.jpg"])
+    request = PrepRequest(src="s3://images/raw/", out="s3://images/prepared/")
+    result = prep(request, client=DeletesOnRead(s3))
+    excluded = result.manifest.excluded
+    assert [(e.path, kind(e.reason)) for e in excluded] == sorted([*bad, *unreadable.items()])
+    reasons = {e.path: e.reason for e in excluded}
+    assert reasons[ARCHIVED] == (
+        f"{CANNOT_READ}: An error occurred (InvalidObjectState) when calling the GetObject "
+        "operation: The operation is not valid for the object's storage class"
+    )
+    assert reasons[DELETED].startswith(f"{CANNOT_READ}: An error occurred (NoSuchKey) ")
+    assert len(result.manifest.splits["train"]) == len(files.valid)
+
+    throttled = DeletesOnRead(s3, fails="s3://images/raw/c/plain.jpg")
+    with pytest.raises(ClientError, match="SlowDown"):
+        prep(replace(request, out="s3://images/throttled/"), client=throttled)
+
+
 # ---- a job over the same files, unprepared --------------------------------------------------
 
 JOB_SPEC = """
@@ -393,21 +563,31 @@ def job_unreadable(tmp_path: Path, source: str, path: str) -> list[tuple[str, st
     finally:
         trainer.close()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    prefix = "not a readable image: "
     found = summary["unreadable"]["samples"]
-    assert all(u["reason"].startswith(prefix) for u in found), found
     assert summary["unreadable"]["count"] == len(found)
-    return sorted((u["name"], kind(u["reason"][len(prefix) :])) for u in found)
+    return sorted((u["name"], job_kind(u["reason"])) for u in found)
+
+
+def job_kind(reason: str) -> str:
+    """The kind of a data path's reason: ``not a readable image: <prep's kind>: ...`` for a file
+    that does not decode, ``cannot read it: ...`` for one that cannot be read."""
+    decoded = "not a readable image: "
+    if reason.startswith(decoded):
+        return kind(reason[len(decoded) :])
+    assert reason.startswith(f"{CANNOT_READ}: "), reason
+    return CANNOT_READ
 
 
 def test_a_job_over_the_unprepared_folder_names_the_files_prep_leaves_out(
     files: Files, src: Path, tmp_path: Path
 ) -> None:
-    """The same 4 bad files by the same names and kinds as prep's ``excluded``; the 8 valid ones
-    of every mode (CMYK, RGBA, 16-bit, palette, 1-bit, 1x1) trained on without a word."""
+    """The same 6 bad files (4 that do not decode, 2 links that cannot be read) by the same
+    names and kinds as prep's ``excluded``; the 8 valid ones of every mode (CMYK, RGBA, 16-bit,
+    palette, 1-bit, 1x1) trained on without a word."""
+    links = add_unreadable_links(src)
     result = prep(PrepRequest(src=str(src), out=str(tmp_path / "prepared")))
     excluded = [(e.path, kind(e.reason)) for e in result.manifest.excluded]
-    assert excluded == expected_excluded(src, files)
+    assert excluded == expected_excluded(src, files, links)
     assert job_unreadable(tmp_path / "job", "folder", str(src)) == excluded
 
 
@@ -415,9 +595,16 @@ def test_a_job_over_the_unprepared_folder_names_the_files_prep_leaves_out(
 def test_a_job_over_the_unprepared_s3_prefix_names_the_same_files(
     files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """From an S3 source: each bad object by its ``s3://`` URI, with prep's kinds."""
+    """From an S3 source: each bad object by its ``s3://`` URI, with prep's kinds, the
+    archived one too."""
     monkeypatch.setenv("HETERO_LOADER_WORKERS", "0")  # load in this process, inside moto's mock
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="images")
     bad = upload(s3, files, "raw/")
-    assert job_unreadable(tmp_path, "s3", "s3://images/raw/") == bad
+    s3.put_object(
+        Bucket="images", Key=ARCHIVED_KEY, Body=files.valid[b"c/plain.jpg"], StorageClass="GLACIER"
+    )
+    result = prep(PrepRequest(src="s3://images/raw/", out="s3://images/prepared/"), client=s3)
+    excluded = [(e.path, kind(e.reason)) for e in result.manifest.excluded]
+    assert excluded == sorted([*bad, (ARCHIVED, CANNOT_READ)])
+    assert job_unreadable(tmp_path, "s3", "s3://images/raw/") == excluded

@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from training.common.jobrecord import JobRecord
-from training.common.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
+from training.common.outcome import EXIT_DATA, EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
 from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.loop_settings import LoopSettings
@@ -41,9 +41,10 @@ plays = script.read_text().split()
 done = log.read_text().split() if log.exists() else []
 mode = plays[min(len(done), len(plays) - 1)]
 log.write_text(" ".join(done + [mode]))
-def outcome(kind, reason):
+def outcome(kind, reason, code=None):
     outcome_dir.mkdir(parents=True, exist_ok=True)
-    body = {"rank": 0, "outcome": kind, "step": 3, "checkpoint_step": 3, "reason": reason}
+    body = {"rank": 0, "outcome": kind, "step": 3, "checkpoint_step": 3, "reason": reason,
+            "exit_code": code}
     (outcome_dir / "rank-0.json").write_text(json.dumps(body))
 def on_term(signum, frame):
     outcome("stopped", "SIGTERM"); sys.exit(75)
@@ -58,6 +59,10 @@ if mode == "stopped":
     outcome("stopped", "peer"); sys.exit(75)
 if mode == "crash":
     sys.exit(1)
+if mode == "unreadable":  # past job.dataset.max_unreadable, as the trainer says it
+    outcome("failed", "UnreadableDataError: 4 of the first 32 training samples are unreadable",
+            EXIT_DATA)
+    sys.exit(EXIT_DATA)
 if mode in ("hang", "freeze"):  # progress as the trainer says it, then none
     sys.path.insert(0, str(pathlib.Path.cwd()))
     from training.common.progress import ProgressWriter
@@ -80,7 +85,7 @@ deadline = time.monotonic() + 20   # "wait": until a signal
 while time.monotonic() < deadline:
     time.sleep(0.05)
 sys.exit(1)
-"""
+""".replace("EXIT_DATA", str(EXIT_DATA))
 
 
 TORCHRUN = "import subprocess, sys; sys.exit(1 if subprocess.run(sys.argv[1:]).returncode else 0)"
@@ -308,6 +313,25 @@ def test_a_crash_within_the_budget_is_retried(
     job, played = make_job(cluster, tmp_path, fake_imds, ["crash", "finished"], budget=1)
     assert job.run() == EXIT_FINISHED
     assert played.read_text() == "crash finished" and job.failures == 1
+
+
+def test_unreadable_data_ends_the_job_as_failed_without_a_restart(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    """A rank that exits ``EXIT_DATA`` (too many unreadable samples: a restart resumes the same
+    list and fails again) ends the job at once, the budget untouched, its reason recorded."""
+    job, played = make_job(cluster, tmp_path, fake_imds, ["unreadable", "finished"], budget=2)
+    assert job.run() == EXIT_FAILED
+    assert played.read_text() == "unreadable"  # no second generation
+    assert job.failures == 0 and job.generation == 1
+    outcome = JobRecord(URI).outcome()
+    assert outcome is not None
+    assert (outcome["outcome"], outcome["by"]) == ("failed", cluster["instance_id"])
+    assert outcome["reason"] == (
+        "UnreadableDataError: 4 of the first 32 training samples are unreadable (not retried: "
+        "a restart would fail the same way)"
+    )
+    assert desired(cluster) == {"one-trainer": 0, "one-dataprep": 0}
 
 
 def test_an_auto_scaling_termination_checkpoints_leaves_and_completes_the_hook(

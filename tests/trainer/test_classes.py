@@ -13,6 +13,7 @@ import pytest
 from moto import mock_aws
 from PIL import Image
 
+from training.data.datasets import S3Images
 from training.data.prep import PrepRequest, prep
 from training.spec import load_spec
 from training.trainer.config import ConfigError, TrainerConfig
@@ -96,6 +97,31 @@ def test_an_s3_prefix_gives_its_class_prefixes(tmp_path: Path) -> None:
         assert config(tmp_path, "s3", path).model.num_classes == 4
     with pytest.raises(ConfigError, match=r"= 10, but the dataset has 4 classes \(the class pre"):
         config(tmp_path, "s3", "s3://images/train/", "num_classes = 10")
+
+
+@mock_aws
+def test_every_class_prefix_counts_as_s3images_labels_it(tmp_path: Path) -> None:
+    """The count and the labels agree on a prefix that holds no image (a console "folder", a
+    text file, only deeper keys): a class in both, as an empty class folder is."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="images")
+    for key, body in [
+        ("train/a/0.png", png()),
+        ("train/b/", b""),
+        ("train/c/notes.txt", b"not an image"),
+        ("train/d/deeper/0.png", png()),
+        ("train/e/0.png", png()),
+        ("train/top.png", png()),  # directly under the prefix: no class
+    ]:
+        s3.put_object(Bucket="images", Key=key, Body=body)
+    source = S3Images("s3://images/train/", client=s3)
+    assert source.classes == ["a", "b", "c", "d", "e"]
+    assert [source.name(i) for i in range(len(source))] == [
+        "s3://images/train/a/0.png",
+        "s3://images/train/e/0.png",
+    ]
+    assert [source.label(i) for i in range(len(source))] == [0, 4]
+    assert config(tmp_path, "s3", "s3://images/train/").model.num_classes == 5
 
 
 def test_a_prepared_dataset_gives_its_manifests_classes(tmp_path: Path) -> None:

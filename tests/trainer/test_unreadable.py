@@ -1,7 +1,8 @@
 """A job over a folder with bad files: every unreadable training sample named, with its reason,
 in summary.json, the metrics records and the console's table, the same from the local loader
 and through a data server; kept across a resume; past ``job.dataset.max_unreadable`` the job
-fails naming them; two ranks end with the same list."""
+fails naming them, its ranks exiting ``EXIT_DATA`` (not retried); two ranks end with the same
+list."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from training.common.outcome import EXIT_DATA, Outcome, not_retried, read_rank_outcomes
 from training.data.batch import Unreadable
 from training.data.transforms import EvalTransform
 from training.dataplane.server import create_server
 from training.dataplane.sources import AugmentingBatchSource
 from training.spec import SpecError, load_spec
+from training.trainer.__main__ import main
 from training.trainer.config import TrainerConfig
 from training.trainer.train import Trainer
 from training.trainer.unreadable import UnreadableDataError, UnreadableSamples
@@ -185,6 +188,20 @@ def test_past_max_unreadable_the_job_fails_naming_the_files(tmp_path: Path) -> N
     assert "job.dataset.max_unreadable = 0.05" in message
     for name in ("empty.png", "notes.jpg", "cut.png", "caf\\xe9.png"):
         assert f"/{name} (not a readable image: " in message, message
+
+
+def test_past_max_unreadable_the_rank_exits_so_that_no_restart_is_spent(tmp_path: Path) -> None:
+    """Through the trainer's entry point: exit ``EXIT_DATA``, and ``rank-0.json`` says so (torchrun
+    turns the exit code into 1), which the EC2 launcher ends the job on without a restart
+    (``tests/launcher/test_launcher_ec2_job.py``): a restart resumes the same list and fails."""
+    spec = spec_file(tmp_path, steps=12, max_unreadable=0.05)
+    outcomes = tmp_path / "outcome"
+    argv = ["--spec", str(spec), "--run-dir", str(tmp_path / "run"), "--outcome-dir", str(outcomes)]
+    assert main(argv) == EXIT_DATA
+    [rank] = read_rank_outcomes(outcomes)
+    assert (rank.outcome, rank.exit_code, rank.step) == (Outcome.FAILED, EXIT_DATA, 8)
+    assert rank.reason.startswith("UnreadableDataError: 4 of the first 32 training samples ")
+    assert not_retried([rank]) == rank
 
 
 def test_max_unreadable_is_a_share(tmp_path: Path) -> None:

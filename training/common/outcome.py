@@ -7,11 +7,13 @@ Three outcomes matter to whoever runs the trainer (the launcher, ``hetero local`
   ``--max-seconds``) after a durable checkpoint; the job goes on elsewhere and resumes from it.
 - ``failed``: anything else (a crash, a lost peer, a storage error at the end).
 
-The rank process exits with ``EXIT_FINISHED``, ``EXIT_STOPPED`` or ``EXIT_FAILED``. torchrun
-collapses every non-zero worker exit into its own exit code 1, so each rank also writes
-``rank-<RANK>.json`` into the folder given by ``--outcome-dir``; ``read_host_outcome`` combines a
-host's files into one outcome (a rank without a file, e.g. one killed by SIGKILL, counts as
-failed).
+The rank process exits with ``EXIT_FINISHED``, ``EXIT_STOPPED`` or ``EXIT_FAILED``, or, for a
+failure no restart can fix, a code of ``NOT_RETRIED`` (``EXIT_DATA``). torchrun collapses every
+non-zero worker exit into its own exit code 1, so each rank also writes ``rank-<RANK>.json``
+into the folder given by ``--outcome-dir`` (with its exit code when it says more than the
+outcome); ``read_host_outcome`` combines a host's files into one outcome (a rank without a file,
+e.g. one killed by SIGKILL, counts as failed), and ``not_retried`` finds a rank whose failure a
+restart would meet again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_STOPPED = 75
 """``EX_TEMPFAIL`` from sysexits.h: a temporary failure, the caller is invited to retry."""
+EXIT_DATA = 65
+"""``EX_DATAERR`` from sysexits.h: more of the training samples are unreadable than
+``job.dataset.max_unreadable`` allows (``UnreadableDataError``). A restart would meet the same
+files (their list is in the checkpoint), so the EC2 launcher ends the job ``failed`` at once,
+spending no restart."""
+NOT_RETRIED = frozenset({EXIT_DATA})
+"""Rank exit codes of a failure that no restart can fix."""
 
 ROLE_STOP_GRACE_S = 90
 """After SIGTERM, how long a role's processes (the trainer, the data servers) get to checkpoint
@@ -73,6 +82,9 @@ class RankOutcome:
     reason: str
     """``steps``, ``epochs``, a signal name, ``max-seconds``, ``peer`` or an error message."""
     time: float = 0.0
+    exit_code: int | None = None
+    """The rank's exit code where it says more than ``outcome`` (one of ``NOT_RETRIED``); None:
+    the outcome's own."""
 
 
 def write_rank_outcome(folder: Path, outcome: RankOutcome) -> Path:
@@ -103,6 +115,7 @@ def read_rank_outcomes(folder: Path) -> list[RankOutcome]:
                     checkpoint_step=d.get("checkpoint_step"),
                     reason=str(d.get("reason", "")),
                     time=float(d.get("time", 0.0)),
+                    exit_code=None if d.get("exit_code") is None else int(d["exit_code"]),
                 )
             )
         except (OSError, ValueError, KeyError, TypeError):
@@ -124,3 +137,10 @@ def combine(outcomes: Iterable[RankOutcome], expected_ranks: int) -> Outcome:
 def read_host_outcome(folder: Path, expected_ranks: int) -> tuple[Outcome, list[RankOutcome]]:
     ranks = read_rank_outcomes(folder)
     return combine(ranks, expected_ranks), ranks
+
+
+def not_retried(ranks: Iterable[RankOutcome]) -> RankOutcome | None:
+    """The lowest rank that failed in a way no restart can fix (its exit code is one of
+    ``NOT_RETRIED``), if any."""
+    final = [r for r in ranks if r.outcome is Outcome.FAILED and r.exit_code in NOT_RETRIED]
+    return min(final, key=lambda r: r.rank, default=None)

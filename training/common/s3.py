@@ -123,8 +123,17 @@ def list_keys(client: Any, bucket: str, prefix: str, *, delimiter: str | None = 
 
 
 def list_prefixes(client: Any, bucket: str, prefix: str) -> list[str]:
-    """The sub-prefixes one level under ``prefix`` (``Delimiter='/'``), never the keys."""
+    """The sub-prefixes one level under ``prefix`` (``Delimiter='/'``), never the keys: those
+    of ``sub_prefix`` of every key under ``prefix``."""
     pages = client.get_paginator("list_objects_v2").paginate(
         Bucket=bucket, Prefix=prefix, Delimiter="/"
     )
     return [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]
+
+
+def sub_prefix(prefix: str, key: str) -> str | None:
+    """The name of the sub-prefix one level under ``prefix`` that ``key`` is in (``a`` for
+    ``<prefix>a/b/c.jpg``), None for a key directly under ``prefix``: how ``list_prefixes``
+    (S3's ``CommonPrefixes``) groups the keys, told from a key."""
+    name, slash, _ = key[len(prefix) :].partition("/")
+    return name if slash else None

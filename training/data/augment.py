@@ -12,7 +12,7 @@ from PIL import Image
 
 from training.data.batch import Unreadable
 from training.data.datasets import ImageSource
-from training.data.decode import DECODE_ERRORS, decode_image, decode_problem
+from training.data.decode import CANNOT_READ, DECODE_ERRORS, decode_image, decode_problem
 from training.data.names import shown_text
 from training.data.transforms import Transform
 
@@ -38,7 +38,7 @@ def load_image(source: ImageSource, index: int) -> Image.Image | Unreadable:
     except IndexError:
         raise
     except Exception as e:  # any I/O failure (file gone, S3 error) skips the sample
-        return _unreadable(source, index, f"cannot read it: {e}")
+        return _unreadable(source, index, f"{CANNOT_READ}: {e}")
     try:
         return decode_image(data)
     except DECODE_ERRORS as e:

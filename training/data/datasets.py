@@ -146,9 +146,10 @@ class FolderImages:
 
 
 class S3Images(LazyS3Client):
-    """Images under an S3 prefix: ``s3://bucket/prefix/<class>/<image>``; the class is the first
-    sub-prefix. Keys are listed once; each process makes its own boto3 client. ``field`` is the
-    spec field errors name."""
+    """Images under an S3 prefix: ``s3://bucket/prefix/<class>/<image>``. Every sub-prefix is a
+    class, sorted by name, one without images too (as ``FolderImages`` takes every class folder,
+    and as ``training/trainer/classes.py`` counts them: ``s3.sub_prefix``). Keys are listed
+    once; each process makes its own boto3 client. ``field`` is the spec field errors name."""
 
     def __init__(
         self, uri: str, *, client: Any | None = None, field: str = "job.dataset.path"
@@ -161,10 +162,14 @@ class S3Images(LazyS3Client):
         self._client = client
         by_class: dict[str, list[str]] = {}
         for key in s3.list_keys(self.client, self.bucket, self.prefix):
+            cls = s3.sub_prefix(self.prefix, key)
+            if cls is None:
+                continue
+            images = by_class.setdefault(cls, [])
             parts = key[len(self.prefix) :].split("/")
             if len(parts) == 2 and parts[1].lower().endswith(IMG_EXTENSIONS):
-                by_class.setdefault(parts[0], []).append(key)
-        if not by_class:
+                images.append(key)
+        if not any(by_class.values()):
             raise ValueError(
                 f"{field} {uri!r}: no images found under <prefix>/<class>/ "
                 f"({', '.join(IMG_EXTENSIONS)})"

@@ -1,6 +1,7 @@
 """What a readable image is: the one decode the data servers run on every sample
 (``decode_image``, through ``training/data/augment.py``) and the check ``hetero dataset prep``
-and ``verify`` make of every image (``image_problem``), with the same limits.
+and ``verify`` make of every image (``image_problem``), with the same limits, and the words
+both give each kind of unreadable file (``EMPTY`` ... ``CANNOT_READ``).
 
 The limits are PIL's defaults, held here so that both sides apply the same ones whatever PIL's
 module globals are: an image of more than ``MAX_PIXELS`` pixels is a decompression bomb
@@ -26,6 +27,10 @@ NOT_AN_IMAGE = "not an image"
 TOO_MANY_PIXELS = "too many pixels"
 CORRUPT = "corrupt or truncated"
 """The kinds of unreadable image ``image_problem`` names, each its reason's first words."""
+CANNOT_READ = "cannot read it"
+"""The kind of a file whose bytes cannot be read at all (a dangling link, a file it may not
+read, an S3 object that is gone or denied): the data path's reason for it, and prep's
+(``training/data/prep_inputs.py``, ``read_problem``)."""
 
 
 def _open(data: bytes) -> Image.Image:

@@ -15,11 +15,12 @@ gives byte-identical shards and manifest. A shard is closed before the next samp
 past ``shard_bytes`` (a shard holds at least one sample).
 
 Every image is checked as it is read, with the data servers' own decode and limits
-(``training/data/decode.py``). One that does not decode is left out of the shards (the
-remaining samples keep their order and are numbered on) and named, with its path and reason, in
-the manifest's ``excluded``; with ``strict`` the first one stops the writing, the rest are only
-checked, and the prep is refused listing every one (``UnreadableImages``), the shards this run
-wrote removed.
+(``training/data/decode.py``). One that cannot be read (``prep_inputs.read_problem``: its own
+lasting error, such as a dangling link or an S3 object denied) or does not decode is left out
+of the shards (the remaining samples keep their order and are numbered on) and named, with its
+path and reason, in the manifest's ``excluded``; with ``strict`` the first one stops the
+writing, the rest are only checked, and the prep is refused listing every one
+(``UnreadableImages``), the shards this run wrote removed.
 
 Resumable: each shard is written whole (locally as ``<name>.partial``, renamed; to S3 uploaded
 from a local temporary file) and only then recorded in ``<out>/prep-state.json``, with the
@@ -253,9 +254,9 @@ def _excluded(splits: Sequence[SplitSource], records: Sequence[ShardRecord]) -> 
 
 class _Packer:
     """Writes each split's remaining source images into shards, in order, leaving out those that
-    do not decode (recorded with the shard being written). ``strict``: the first such image
-    stops the writing (the open shard is discarded) and the rest are only checked, each one
-    that does not decode collected in ``refused`` (given the kept shards' own: when there are
+    cannot be read or do not decode (recorded with the shard being written). ``strict``: the
+    first such image stops the writing (the open shard is discarded) and the rest are only
+    checked, each bad one collected in ``refused`` (given the kept shards' own: when there are
     any, nothing is written)."""
 
     def __init__(
@@ -317,7 +318,9 @@ class _Packer:
             if writer.count == 0:
                 self.output.discard(f, name)
                 paths = [Excluded(split.path(p), reason) for p, reason in excluded]
-                raise UnreadableImages(f"no image of the {split.name} split decodes", paths)
+                raise UnreadableImages(
+                    f"no image of the {split.name} split reads and decodes", paths
+                )
             record = writer.close()
             record.excluded = excluded
             self.wait()  # the previous shard is in place and recorded
@@ -445,9 +448,9 @@ def prep(request: PrepRequest, *, client: Any | None = None) -> PrepResult:
     if refused:
         _undo(output, state, kept, packer.written)
         raise UnreadableImages(
-            f"--strict: {len(refused)} image(s) do not decode, so nothing is prepared (the "
-            "shards this run wrote are removed); fix or remove them, or leave out --strict to "
-            "prepare the dataset without them",
+            f"--strict: {len(refused)} image(s) cannot be read or decoded, so nothing is "
+            "prepared (the shards this run wrote are removed); fix or remove them, or leave "
+            "out --strict to prepare the dataset without them",
             refused,
         )
     manifest = build_manifest(

@@ -3,7 +3,10 @@ as the trainer lists them (``FolderImages`` / ``S3Images``: classes sorted, then
 split into training and validation (``split_indices``, the trainer's own split for the same
 ``val_fraction``/``split_seed``, or a separate folder), each split in a seeded shuffled order
 (``shuffle_order``), and their images read concurrently, in order (``read_ordered``), each checked
-as it is read (``read_checked``: ``training/data/decode.py``).
+as it is read (``read_checked``: ``training/data/decode.py``). A file that cannot be read for a
+reason of its own that a rerun would meet again (gone, a dangling link, not permitted, an S3
+object denied or archived: ``read_problem``) is unreadable like one that does not decode; any
+other read error (throttling, the network, too many open files) stops the prep, to be resumed.
 
 File names are taken as the filesystem gives them: bytes that are not UTF-8 are kept (Python's
 surrogate escapes) and shown as ``\\xNN`` (``shown_path``); only class folder names, which the
@@ -12,6 +15,7 @@ an image."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,7 +26,7 @@ from typing import Any, TypeVar
 
 from training.common import s3
 from training.data.datasets import FolderImages, S3Images
-from training.data.decode import image_problem
+from training.data.decode import CANNOT_READ, image_problem
 from training.data.manifest import Excluded
 from training.data.names import shown_path
 from training.data.splits import check_same_classes, seeded_order, split_indices
@@ -36,8 +40,8 @@ class PrepError(ValueError):
 
 
 class UnreadableImages(PrepError):
-    """Images that do not decode stop the prep (``--strict``, or a split with none readable);
-    the message lists every one, by path, with its reason."""
+    """Images that cannot be read or decoded stop the prep (``--strict``, or a split with none
+    readable); the message lists every one, by path, with its reason."""
 
     def __init__(self, headline: str, images: Sequence[Excluded]) -> None:
         self.images = sorted(images, key=lambda e: e.path)
@@ -47,6 +51,27 @@ class UnreadableImages(PrepError):
 
 def _is_text(name: str) -> bool:
     return shown_path(name) == name
+
+
+_FILE_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EISDIR})
+"""A local file's own lasting read errors: gone (a dangling link), not permitted, a link loop."""
+_OBJECT_CODES = s3.NOT_FOUND | s3.DENIED | {"InvalidObjectState"}
+"""An S3 object's own lasting GetObject errors: gone, denied, archived (Glacier, not restored)."""
+
+
+def read_problem(location: str, error: Exception) -> str | None:
+    """Why the file at ``location`` cannot be read (``CANNOT_READ``: ...) when ``error`` is
+    the file's own and a rerun would meet it again; None for any other error (a throttled or
+    failed request, the network, too many open files), which must stop the prep."""
+    code = s3.error_code(error)  # botocore's ClientError: S3's error code
+    if code:
+        return f"{CANNOT_READ}: {error}" if code in _OBJECT_CODES else None
+    if not isinstance(error, OSError) or error.errno not in _FILE_ERRNOS:
+        return None
+    why = error.strerror or type(error).__name__
+    if error.errno == errno.ENOENT and os.path.islink(location):
+        why += f" (a symbolic link to {shown_path(os.readlink(location))}, which is not there)"
+    return f"{CANNOT_READ}: {why}"
 
 
 @dataclass
@@ -69,8 +94,15 @@ class SplitSource:
         return shown_path(self.root + self.names[index])
 
     def read_checked(self, location: str) -> tuple[bytes, str | None]:
-        """The image at ``location`` and why it does not decode (None: it does)."""
-        data = self.read(location)
+        """The image at ``location`` and why it cannot be read (no bytes) or does not decode
+        (None: it does); a read error that is not the file's own (``read_problem``) is raised."""
+        try:
+            data = self.read(location)
+        except Exception as e:
+            problem = read_problem(location, e)
+            if problem is None:
+                raise
+            return b"", problem
         return data, image_problem(data)
 
     def pick(self, name: str, indices: Iterable[int]) -> SplitSource:

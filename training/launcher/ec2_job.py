@@ -20,6 +20,9 @@ Each pass:
      any host that sees the finish does it, so the job ends even if the first host is gone;
    - stopped because a peer stopped, or failed while the membership changed (a peer vanished):
      start the next generation at once; this costs no restart;
+   - failed in a way no restart can fix (a rank exited ``EXIT_DATA``: more training samples
+     unreadable than ``job.dataset.max_unreadable`` allows, and a restart resumes the same list
+     from the checkpoint): end the job as failed at once, with the rank's reason;
    - failed otherwise (a crash, peers that never came): count it against the restart budget
      (``restart_budget``: failures since the job's last new checkpoint) and retry after an
      exponential backoff; beyond the budget, end the job as failed.
@@ -51,7 +54,13 @@ from typing import Any
 from training.common.jobparam import JobWatch
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_LIFECYCLE_HOOK
-from training.common.outcome import EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, Outcome
+from training.common.outcome import (
+    EXIT_FAILED,
+    EXIT_FINISHED,
+    EXIT_STOPPED,
+    Outcome,
+    not_retried,
+)
 from training.common.s3 import is_s3_uri
 from training.launcher import backstop, job_end, roles
 from training.launcher.budget import Budget, JobClock
@@ -96,6 +105,8 @@ class GenerationResult:
     unanswered: str | None = None
     """A data server of this host did not answer and the generation was killed
     (``server_watch``): why."""
+    for_good: str | None = None
+    """A rank failed in a way no restart can fix (``outcome.not_retried``): its reason."""
 
 
 class Ec2Job:
@@ -254,6 +265,8 @@ class Ec2Job:
                     return self._end_for_budget()
                 log.info("generation %d stopped (a peer is leaving): re-forming", self.generation)
                 continue
+            if result.for_good is not None:
+                return self._fail_for_good(result.for_good)
             if membership is not None and self._membership_changed(membership):
                 log.warning(
                     "generation %d failed and a member is gone: re-forming (no restart used)",
@@ -353,7 +366,9 @@ class Ec2Job:
             outcome, reason = Outcome.FAILED, servers.found
         if self.watches.ended is None:  # else the job's end (``_end``) is this host's last state
             self.host.set(state=f"generation-{outcome.value}", reason=reason)
-        return GenerationResult(outcome, reason, found, servers.found)
+        final = not_retried(ended.ranks) if outcome is Outcome.FAILED else None
+        for_good = final.reason if final is not None else None
+        return GenerationResult(outcome, reason, found, servers.found, for_good)
 
     # -- hangs -------------------------------------------------------------------------------
 
@@ -416,6 +431,15 @@ class Ec2Job:
         if not self._end(Outcome.STOPPED, reason):
             return self._next_job()
         return EXIT_STOPPED
+
+    def _fail_for_good(self, reason: str) -> int:
+        """End the job ``failed`` at once, spending no restart: each one would fail the same way
+        (``outcome.NOT_RETRIED``)."""
+        msg = f"{reason} (not retried: a restart would fail the same way)"
+        log.error("%s: ending the job", msg)
+        if not self._end(Outcome.FAILED, msg):
+            return self._next_job()
+        return EXIT_FAILED
 
     def _failed(self, reason: str) -> int | None:
         """Count a failure; the exit code when the budget is spent (the job is then ended),

@@ -5,11 +5,13 @@ Builds the configuration once and hands it to one ``Trainer``. Exit codes
 0 the job finished (its steps or epochs; last checkpoint durable); 75 it stopped gracefully
 (SIGTERM, SIGINT, ``--max-seconds`` or a peer's stop) with a durable checkpoint of its last
 step, to be resumed; 1 any failure (a crash, a lost peer, a last checkpoint that could not be
-saved); 2 a bad spec, flags or environment. With ``--outcome-dir`` each rank also writes
-``rank-<RANK>.json`` (``training.common.outcome.write_rank_outcome``) before it exits, failures
-included, since torchrun reports every non-zero rank exit as 1, and keeps ``progress-<RANK>.json``
-there, answering SIGUSR2 with its stacks (``training.common.progress``: the launcher's hang
-watch). SIGUSR1 asks for a checkpoint without stopping (a rebalance recommendation).
+saved); 2 a bad spec, flags or environment; 65 more unreadable training samples than
+``job.dataset.max_unreadable`` allows (``EXIT_DATA``: the EC2 launcher does not retry it).
+With ``--outcome-dir`` each rank also writes ``rank-<RANK>.json``
+(``training.common.outcome.write_rank_outcome``) before it exits, failures included, since
+torchrun reports every non-zero rank exit as 1, and keeps ``progress-<RANK>.json`` there,
+answering SIGUSR2 with its stacks (``training.common.progress``: the launcher's hang watch).
+SIGUSR1 asks for a checkpoint without stopping (a rebalance recommendation).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from training.common.outcome import (
     EXIT_CONFIG,
+    EXIT_DATA,
     EXIT_FAILED,
     Outcome,
     RankOutcome,
@@ -148,6 +151,7 @@ def _run(
         return EXIT_CONFIG
     # Imported here so a bad spec is reported without loading torch.
     from training.trainer.train import Trainer
+    from training.trainer.unreadable import UnreadableDataError
 
     trainer: Trainer | None = None
     try:
@@ -159,6 +163,11 @@ def _run(
         print(e, file=sys.stderr)
         _write_outcome(outcome_dir, _failed(rank, trainer, f"configuration: {e}"))
         code = EXIT_CONFIG
+    except UnreadableDataError as e:
+        log.error("%s", e)  # the message names the files and the fix: no traceback
+        reason = f"{type(e).__name__}: {e}"
+        _write_outcome(outcome_dir, _failed(rank, trainer, reason, exit_code=EXIT_DATA))
+        code = EXIT_DATA
     except Exception as e:
         log.exception("trainer failed")
         _write_outcome(outcome_dir, _failed(rank, trainer, f"{type(e).__name__}: {e}"))
@@ -179,13 +188,16 @@ def _run(
     return code
 
 
-def _failed(rank: int, trainer: Trainer | None, reason: str) -> RankOutcome:
+def _failed(
+    rank: int, trainer: Trainer | None, reason: str, *, exit_code: int | None = None
+) -> RankOutcome:
     return RankOutcome(
         rank=rank,
         outcome=Outcome.FAILED,
         step=trainer.step if trainer is not None else 0,
         checkpoint_step=trainer.policy.checkpoint_step if trainer is not None else None,
         reason=reason,
+        exit_code=exit_code,
     )
 
 

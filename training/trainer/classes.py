@@ -3,8 +3,8 @@
 ``job.dataset.num_classes`` left out, a job takes the data's own class count: a folder's class
 sub-folders (every directory under ``path``, as ``FolderImages`` and torchvision's
 ``find_classes`` list them), an S3 prefix's class prefixes (one ``ListObjectsV2`` per 1,000 with
-``Delimiter="/"``, never the objects themselves; a class prefix that holds no image counts
-here, though ``S3Images`` would not list it), a prepared dataset's manifest (its
+``Delimiter="/"``, never the objects themselves; every one, one that holds no image too, as
+``S3Images`` takes them: ``s3.sub_prefix``), a prepared dataset's manifest (its
 ``classes``); synthetic data has ``SYNTHETIC_CLASSES``. Set, it must equal the data's count:
 ``ClassCountError`` names both numbers and the fix. Where the data cannot be listed (no such
 folder here, no credentials), a count the spec sets is taken as given; a count it leaves out is
