@@ -3,7 +3,8 @@ record to ``last_eval.json``; the EC2 launcher's heartbeat (``ec2_watches.last_m
 under ``"eval"`` beside the last interval record into the job record, and ``status.render``
 shows the last top-1 (the EMA's too) and the accuracy targets reached in the host's row. Also the
 data tier in ``hetero status``: an elastic group's desired count with its min-max, and the
-controller's last decisions from the job record."""
+controller's last decisions from the job record. And ``hetero status --tensorboard``: the
+commands for the job given, or the one the job pointer names, or why the pointer was not read."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import torch
+from botocore.stub import Stubber
 
+from training.common.jobparam import JobPointer
 from training.common.jobrecord import JobRecord
+from training.common.names import job_parameter_name
 from training.launcher.ec2_watches import last_metrics
 from training.launcher.status import JobStatus, collect, decision_text, render, validation_text
 from training.spec import load_spec
@@ -279,3 +284,69 @@ def test_status_tensorboard_prints_the_command_for_the_stack_and_the_job(
     ]
     assert main(["status", "--spec", spec, "--tensorboard", "--checkpoint-uri", "/ckpt"]) == 0
     assert capsys.readouterr().out.startswith("no TensorBoard events in S3: the checkpoints are")
+
+
+JOB_URI = "s3://vit-ckpt/checkpoints/j-20261129T101500-ab12/"
+
+
+def test_status_tensorboard_names_the_job_the_job_pointer_names(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``--checkpoint-uri``: the job that the stack's SSM parameter names (moto), before
+    ``$HETERO_CHECKPOINT_URI``, which is what a stack without the parameter falls back to."""
+    from moto import mock_aws
+
+    from training.cli import main
+
+    for key in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://old-ckpt/checkpoints/d-0123456789ab/")
+    args = ["status", "--spec", str(REPO / "specs" / "rehearsal.toml"), "--tensorboard"]
+    with mock_aws():
+        assert main(args) == 0
+        without = capsys.readouterr().out.splitlines()
+        boto3.client("ssm").put_parameter(
+            Name=job_parameter_name("rehearsal"),
+            Value=JobPointer("j-20261129T101500-ab12", JOB_URI).to_json(),
+            Type="String",
+        )
+        assert main(args) == 0
+    assert without[1] == (
+        "this job: tensorboard --logdir s3://old-ckpt/checkpoints/tensorboard/d-0123456789ab/"
+    )
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        "every job of the stack: tensorboard --logdir s3://vit-ckpt/checkpoints/tensorboard/",
+        "this job: tensorboard --logdir "
+        "s3://vit-ckpt/checkpoints/tensorboard/j-20261129T101500-ab12/",
+    ]
+
+
+def test_status_tensorboard_says_so_when_the_job_pointer_is_denied(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that may not read the parameter: the denial as ``hetero status`` reports a source
+    it could not read, how to go without it, exit 1 and no command (not one for another job)."""
+    from training.cli import main
+    from training.launcher import status
+
+    monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://old-ckpt/checkpoints/d-0123456789ab/")
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    denial = (
+        "User: arn:aws:iam::123456789012:user/dev is not authorized to perform: ssm:GetParameter"
+    )
+    with Stubber(ssm) as stub:
+        stub.add_client_error(
+            "get_parameter", "AccessDeniedException", denial,
+            expected_params={"Name": "/hetero/rehearsal/job"},
+        )  # fmt: skip
+        monkeypatch.setattr(status, "client", lambda service, **_: ssm)
+        args = ["status", "--spec", str(REPO / "specs" / "rehearsal.toml"), "--tensorboard"]
+        assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        "could not read job pointer /hetero/rehearsal/job: An error occurred "
+        f"(AccessDeniedException) when calling the GetParameter operation: {denial}",
+        "(name the job's checkpoints with --checkpoint-uri instead)",
+    ]

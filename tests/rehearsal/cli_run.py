@@ -13,6 +13,8 @@ from typing import Any
 
 import aws_calls
 
+from training.spec import ClusterSpec, load_spec
+
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "specs" / "rehearsal.toml"
 TIMEOUT_S = 420
@@ -66,17 +68,52 @@ def assert_exactly_once_and_equal(report: dict[str, Any]) -> None:
     assert report["params_equal_uninterrupted"] is True, report["params_comparison"]
 
 
-def assert_tensorboard_once_per_step(out: Path) -> None:
+EVERY_STEP = (
+    "loss", "lr", "grad_norm", "grad_norm_max", "nonfinite_steps", "samples_per_s",
+    "step_time_s", "data_wait_share", "unreadable_samples",
+)  # fmt: skip
+"""What every interval record of a run on the CPU has under ``train/`` (training.trainer.metrics'
+``log`` and the unreadable samples' count; the gradient norms: every step is applied)."""
+
+
+def tensorboard_tags(spec: ClusterSpec) -> tuple[set[str], set[str]]:
+    """The scalar tags a CPU run of ``spec`` that logs every step writes: those at every step,
+    and those at some (the checkpoint age once a checkpoint is durable, each validation's);
+    without the ones only a GPU (MFU, utilisation), layer decay or an elastic data tier adds."""
+    job = spec.job
+    assert job.log_every_steps == 1 and job.steps, "a spec of steps, each logged"
+    priced = spec.usd_per_hour() > 0
+    every = {f"train/{name}" for name in (*EVERY_STEP, *(["samples_per_usd"] if priced else []))}
+    some = {"train/checkpoint_age_s"} if job.checkpoint.interval_steps < job.steps else set()
+    if job.eval.every_steps:
+        val = ["top1", "top5", "val_loss", "targets_reached", *(["usd"] if priced else [])]
+        val += ["ema_top1", "ema_top5", "ema_val_loss"] if job.ema.enabled else []
+        some |= {f"val/{name}" for name in val}
+    return every, some
+
+
+def assert_tensorboard_once_per_step(out: Path, spec: Path = SPEC, steps: int = STEPS) -> None:
     """The job's event files, as the rehearsal downloaded them from S3: every generation's rank 0
-    uploaded its own, and TensorBoard's reader (``purge_step`` of each resumed writer) finds each
-    step's loss once, from step 1 to the last: no gap, no repeat across the interruptions."""
+    uploaded its own, and TensorBoard's reader (``purge_step`` of each resumed writer) finds
+    every tag ``spec`` makes (``tensorboard_tags``), each scalar's steps strictly increasing (no
+    repeat across the interruptions), those of every step from 1 to ``steps`` (no gap), and
+    each evaluation's at its steps, the last among them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (job,) = [p for p in (out / "tensorboard").iterdir() if p.is_dir()]
     acc = EventAccumulator(str(job), size_guidance={"scalars": 0})
     acc.Reload()
-    steps = [e.step for e in acc.Scalars("train/loss")]
-    assert steps == list(range(1, STEPS + 1)), steps
-    # Evaluations at 8, 16 and 24, each once (one a stop at its step skipped is not redone).
-    evals = [e.step for e in acc.Scalars("val/top1")]
-    assert evals == sorted(set(evals)) and set(evals) <= {8, 16, 24} and 24 in evals, evals
+    found = {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    cluster = load_spec(spec)
+    every, some = tensorboard_tags(cluster)
+    missing = sorted((every | some) - set(found))
+    assert not missing, f"no {missing} among {sorted(found)}"
+    # A stop at an evaluation's step skips it, and a resume does not redo it: some may miss.
+    at = cluster.job.eval.every_steps
+    evaluations = set(range(at, steps + 1, at)) | {steps} if at else set()
+    for tag, logged in found.items():
+        assert logged == sorted(set(logged)), (tag, logged)
+        if tag in every:
+            assert logged == list(range(1, steps + 1)), (tag, logged)
+        if tag.startswith("val/"):
+            assert set(logged) <= evaluations and steps in logged, (tag, logged)

@@ -28,6 +28,7 @@ from training.common.jobparam import (
     MAX_ATTEMPTS,
     GroupPrice,
     JobParameterNotFound,
+    JobPointer,
     parse_job_pointer,
     read_job_pointer,
 )
@@ -98,15 +99,12 @@ def collect(
     with ``ssm``, when the parameter exists), else at ``default_uri``."""
     status = JobStatus(cluster=spec.name)
     if ssm is not None:
-        name = job_parameter_name(spec.name)
-        try:
-            pointer = read_job_pointer(ssm, name)
+        pointer, error = current_pointer(ssm, spec.name)
+        if pointer is not None:
             status.job = json.loads(pointer.to_json())  # as the parameter holds it
             checkpoint_uri = checkpoint_uri or pointer.checkpoint_uri
-        except JobParameterNotFound:
-            pass  # A stack from before the job pointer: the URI comes from elsewhere.
-        except Exception as e:
-            status.errors.append(f"job pointer {name}: {e}")
+        if error is not None:
+            status.errors.append(error)
     checkpoint_uri = checkpoint_uri or default_uri
     status.checkpoint_uri = checkpoint_uri
     names = [asg_name(spec.name, g.name) for g in spec.groups]
@@ -445,6 +443,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def current_pointer(ssm: Any, cluster: str) -> tuple[JobPointer | None, str | None]:
+    """The stack's job pointer (None where its parameter does not exist: a stack from before
+    it, whose checkpoint URI comes from elsewhere), and what kept it from being read (a denial,
+    no connection), as ``hetero status`` reports a source it could not read; else None."""
+    name = job_parameter_name(cluster)
+    try:
+        return read_job_pointer(ssm, name), None
+    except JobParameterNotFound:
+        return None, None
+    except Exception as e:
+        return None, f"job pointer {name}: {e}"
+
+
 def tensorboard_lines(checkpoint_uri: str | None) -> list[str]:
     """The commands that show the job's event files and every job's, or why there are none."""
     if not checkpoint_uri or not is_s3_uri(checkpoint_uri):
@@ -459,18 +470,26 @@ def tensorboard_lines(checkpoint_uri: str | None) -> list[str]:
     ]
 
 
+def print_tensorboard(spec: ClusterSpec, checkpoint_uri: str | None) -> int:
+    """``hetero status --tensorboard``: the commands for the job at ``checkpoint_uri``, else the
+    job pointer's, else ``$HETERO_CHECKPOINT_URI``'s; a pointer that cannot be read (a denial)
+    ends it with why, and how to go without it."""
+    uri = checkpoint_uri or os.environ.get(ENV_CHECKPOINT_URI, "").strip() or None
+    if checkpoint_uri is None:
+        pointer, error = current_pointer(client("ssm", attempts=MAX_ATTEMPTS), spec.name)
+        if error is not None:
+            print(f"could not read {error}", file=sys.stderr)
+            print("(name the job's checkpoints with --checkpoint-uri instead)", file=sys.stderr)
+            return 1
+        uri = pointer.checkpoint_uri if pointer is not None else uri
+    print("\n".join(tensorboard_lines(uri)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     if args.tensorboard:
-        uri = args.checkpoint_uri or os.environ.get(ENV_CHECKPOINT_URI, "").strip() or None
-        if args.checkpoint_uri is None:
-            try:  # the current job's, as the job pointer names it
-                name = job_parameter_name(spec.name)
-                uri = read_job_pointer(client("ssm", attempts=MAX_ATTEMPTS), name).checkpoint_uri
-            except JobParameterNotFound:
-                pass
-        print("\n".join(tensorboard_lines(uri)))
-        return 0
+        return print_tensorboard(spec, args.checkpoint_uri)
     status = collect(
         spec,
         checkpoint_uri=args.checkpoint_uri,

@@ -226,7 +226,8 @@ class MetricsLogger:
         already averaged over ranks; ``interval``'s gradient norms and skipped steps as they are;
         ``checkpoint_age_s``: seconds since the newest durable checkpoint, None if none;
         ``extra``: more fields, e.g. the data tier's ``data_servers`` and
-        ``data_servers_target``; ``lrs``: each param group's learning rate, for TensorBoard)."""
+        ``data_servers_target``; ``lrs``: each param group's learning rate, for TensorBoard, where
+        the groups run at scales of their own (layer decay), else none)."""
         elapsed = max(time.perf_counter() - interval.started, 1e-9)
         steps = max(interval.steps, 1)
         samples_per_s = self.facts.global_batch * steps / elapsed

@@ -3,25 +3,30 @@
 What: every interval record's numbers under ``train/`` (loss, learning rate, gradient norm and
 its max, non-finite steps, samples/s, step time, data-wait share, samples per USD, MFU on a GPU,
 the data servers serving and the data-tier controller's target, checkpoint age), each param
-group's learning rate under ``lr/`` when there are several (layer decay), every validation
-record's under ``val/`` (top-1, top-5 and loss, the EMA's, the USD spent on training so far,
-the accuracy targets reached), the spec and the run's layout as text, and a few augmented inputs
-once (the images as the data servers sent them, before Mixup).
+group's learning rate under ``lr/`` with layer decay, every validation record's under ``val/``
+(top-1, top-5 and loss, the EMA's, the USD spent on training so far, the accuracy targets
+reached), the spec and the run's layout as text, and a few augmented inputs once (the images as
+the data servers sent them, before Mixup).
 
 Where: ``<run dir>/tensorboard/``. With ``upload_uri`` (a job with its checkpoints in S3, on
 EC2 and SageMaker: ``training.common.tensorboard_paths.tensorboard_uri``,
 ``<checkpoint prefix>/tensorboard/<job id>/``), a thread of its own uploads each
-event file whole (``PutObject``) when it changed, every ``every_s`` seconds, as soon as a new
-checkpoint is durable (what was logged up to it is then in S3: a crash loses only steps a resume
-logs again) and once more at ``close``: never inside a step, and a failed upload is logged and
-tried again next time.
+event file whole (``PutObject``) when it changed: every ``every_s`` seconds, and when a new
+checkpoint is durable, but never twice within ``every_s`` seconds (the cost stays bounded
+however often the run checkpoints; a checkpoint inside that window is uploaded when it ends),
+and always once more at ``close``. Never inside a step: a failing or slow S3 costs the thread
+its upload, which is logged and tried again next time, never a step.
 ``tensorboard --logdir s3://BUCKET/checkpoints/tensorboard/`` then shows the live run and every
 earlier job of the stack side by side (TensorBoard reads S3 through boto3).
 
 Every run starts its writer with ``purge_step`` = the first step it will log (1 from the start):
 TensorBoard drops what an earlier generation logged from that step on (steps redone after a
 rollback, or after a crash before the first checkpoint), so each scalar has one value per step
-across interruptions, with no gap.
+across interruptions, with no gap. A host lost without notice (no ``close``) leaves S3's copy
+without what it logged after its last upload: the steps after the checkpoint the next
+generation resumes from come back when it logs them again; those from that upload up to the
+checkpoint stay missing (there are some only when the checkpoint was durable less than
+``every_s`` after that upload, or that upload failed).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,7 @@ from training.common.tensorboard_paths import FOLDER
 log = logging.getLogger(__name__)
 
 UPLOAD_EVERY_S = 60.0
+"""The upload period, and the least time between two uploads but the one at ``close``."""
 IMAGES_SHOWN = 16
 TRAIN_TAGS = (
     "loss", "lr", "grad_norm", "grad_norm_max", "nonfinite_steps", "samples_per_s",
@@ -71,6 +78,9 @@ class TensorBoardLog:
         self.every_s = every_s
         self._writer: Any = None
         self._uploaded: dict[str, int] = {}
+        self._last_upload: float | None = None
+        """When (``time.monotonic``) an upload last sent a file; None: never."""
+        self._uploading = threading.Lock()
         self._done = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,9 +101,11 @@ class TensorBoardLog:
     # -- what is written ---------------------------------------------------------------------
 
     def train(self, record: Mapping[str, Any], lrs: Sequence[float] = ()) -> None:
+        """An interval record; ``lrs``: each param group's rate where they run at scales of
+        their own (layer decay), each then its own curve."""
         step = int(record["step"])
         self._scalars("train", record, TRAIN_TAGS, step)
-        if len(set(lrs)) > 1:  # several groups (layer decay): each its own curve
+        if len(lrs) > 1:
             for i, lr in enumerate(lrs):
                 self._scalar(f"lr/group_{i}", lr, step)
 
@@ -129,8 +141,9 @@ class TensorBoardLog:
     # -- the files ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush and close the writer, then upload what changed (bounded by the client's
-        timeouts: a failure is logged, the run's outcome does not depend on it)."""
+        """Flush and close the writer, then upload what changed, however recent the last upload
+        (bounded by the client's timeouts: a failure is logged, the run's outcome does not
+        depend on it)."""
         if self._writer is None:
             return
         self._writer.close()
@@ -142,39 +155,51 @@ class TensorBoardLog:
         self.upload()
 
     def checkpointed(self, step: int | None) -> None:
-        """The newest durable checkpoint is now ``step``: upload soon, so that what was logged
-        up to it is in S3 before a crash could lose it (a resume relogs only what follows)."""
+        """The newest durable checkpoint is now ``step``: upload as soon as the last upload is
+        ``every_s`` old, so that what was logged up to it is in S3 before a crash could lose it
+        (a resume relogs only what follows). Returns at once."""
         if step is not None and step != self._durable:
             self._durable = step
             self._wake.set()
 
     def _uploads(self) -> None:
         while not self._done.is_set():
-            self._wake.wait(self.every_s)
-            self._wake.clear()
+            self._wake.wait(self.every_s)  # the period, or a new durable checkpoint
+            if self._done.wait(self._too_soon_s()):
+                return  # close() uploads the last events
+            self._wake.clear()  # the checkpoints that came meanwhile go with this upload
             with contextlib.suppress(Exception):  # a closed writer: close() uploads
                 if self._writer is not None:
                     self._writer.flush()
             self.upload()
 
+    def _too_soon_s(self) -> float:
+        """Seconds until the last upload is ``every_s`` old (0 without one)."""
+        if self._last_upload is None:
+            return 0.0
+        return max(0.0, self._last_upload + self.every_s - time.monotonic())
+
     def upload(self) -> int:
-        """Upload every event file whose size changed since its last upload; how many."""
+        """Upload every event file whose size changed since its last upload, now; how many."""
         if self.upload_uri is None:
             return 0
         bucket, prefix = parse_s3_uri(self.upload_uri)
         sent = 0
-        for path in sorted(self.folder.glob("events.out.tfevents.*")):
-            size = path.stat().st_size
-            if self._uploaded.get(path.name) == size:
-                continue
-            try:
-                client = self._s3_client() if self._s3_client else _default_client()
-                client.put_object(Bucket=bucket, Key=prefix + path.name, Body=path.read_bytes())
-            except Exception as e:  # S3 unreachable: next time
-                log.warning("TensorBoard events not uploaded to %s: %s", self.upload_uri, e)
-                return sent
-            self._uploaded[path.name] = size
-            sent += 1
+        with self._uploading:  # the thread's and close()'s, one at a time
+            for path in sorted(self.folder.glob("events.out.tfevents.*")):
+                size = path.stat().st_size
+                if self._uploaded.get(path.name) == size:
+                    continue
+                self._last_upload = time.monotonic()
+                try:
+                    client = self._s3_client() if self._s3_client else _default_client()
+                    body = path.read_bytes()
+                    client.put_object(Bucket=bucket, Key=prefix + path.name, Body=body)
+                except Exception as e:  # S3 unreachable: next time
+                    log.warning("TensorBoard events not uploaded to %s: %s", self.upload_uri, e)
+                    return sent
+                self._uploaded[path.name] = size
+                sent += 1
         return sent
 
 

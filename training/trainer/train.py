@@ -582,10 +582,18 @@ class Trainer:
         self.metrics.log(
             self.step, interval, loss=loss, lr=lr, data_wait_share=wait_share,
             epoch=self.inputs.epoch, checkpoint_age_s=self.policy.checkpoint_age_s(),
-            extra=extra, lrs=[float(g["lr"]) for g in self.optimizer.param_groups],
+            extra=extra, lrs=self._group_lrs(),
         )  # fmt: skip
         if self.metrics.tensorboard is not None:
             self.metrics.tensorboard.checkpointed(self.policy.checkpoint_step)
+
+    def _group_lrs(self) -> list[float]:
+        """Each param group's rate where the groups run at scales of their own (layer decay's
+        ``lr_scale``), even when those rates meet (all 0 at a cosine's end); else none."""
+        groups = self.optimizer.param_groups
+        if len({g.get("lr_scale", 1.0) for g in groups}) < 2:
+            return []
+        return [float(g["lr"]) for g in groups]
 
     def _start_tensorboard(self) -> None:
         """Rank 0 opens its event files at the step it resumed at, with the spec and the run's
