@@ -491,7 +491,7 @@ def test_the_readme_bootstraps_before_the_preflight() -> None:
 def test_the_readme_tensorboard_commands_are_the_ones_the_cli_prints() -> None:
     from training.common.names import CHECKPOINT_PREFIX
     from training.common.tensorboard_paths import FOLDER
-    from training.launcher.status import tensorboard_lines
+    from training.workstation.status import tensorboard_lines
 
     shown = {
         " ".join(words[1:]) for words in readme_commands() if program(words)[0] == "tensorboard"

@@ -26,7 +26,7 @@ records them in the job pointer, the launchers' budget (``training.launcher.budg
 SageMaker bills its ``ml.*`` training instances at its own rates, not EC2's:
 ``sagemaker_training_price`` reads them from the same Price List API (service
 ``AmazonSageMaker``), for ``hetero sagemaker submit``'s ``job.max_usd``
-(``training.sagemaker_budget``).
+(``training.workstation.sagemaker_budget``).
 """
 
 from __future__ import annotations

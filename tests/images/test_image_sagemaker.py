@@ -15,7 +15,7 @@ from sagemaker_job import BUCKET, PREFIX, digits_in_moto, resourceconfig, write_
 
 from training.common.names import ENV_CHECKPOINT_URI, ENV_SPEC, SAGEMAKER_RESOURCECONFIG
 from training.common.s3 import list_keys
-from training.sagemaker_submit import CONTAINER_INPUT_DIR, SAGEMAKER_SPEC_CHANNEL
+from training.workstation.sagemaker_submit import CONTAINER_INPUT_DIR, SAGEMAKER_SPEC_CHANNEL
 
 from .conftest import TRAINER_IMAGE, Containers
 

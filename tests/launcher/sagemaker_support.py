@@ -15,7 +15,7 @@ import pytest
 from botocore.config import Config
 from botocore.stub import Stubber
 
-from training.sagemaker_submit import submit
+from training.workstation.sagemaker_submit import submit
 
 REGION = "us-east-1"
 STACK = "vit-sm-cluster"

@@ -19,8 +19,8 @@ from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome
 from training.launcher.bill import Census, Sighting, bill_lines, job_bill, sighting
 from training.launcher.host_record import HostRecord
-from training.launcher.status import JobStatus, bill_of, bill_text
 from training.spec import load_spec
+from training.workstation.status import JobStatus, bill_of, bill_text
 
 T0 = 1_800_000_000.0
 PRICES = (

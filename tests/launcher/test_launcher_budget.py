@@ -20,13 +20,13 @@ from training.common.outcome import EXIT_FINISHED, EXIT_STOPPED, Outcome
 from training.launcher.budget import Budget, job_started, parse_started
 from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
-from training.launcher.jobstart import start_job
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
 from training.launcher.plan import Backend, LaunchPlan
 from training.launcher.roles import RoleCommand
-from training.launcher.status import JobStatus, budget_line
 from training.spec import ClusterSpec, Role, load_spec
+from training.workstation.jobstart import start_job
+from training.workstation.status import JobStatus, budget_line
 
 from .conftest import FakeImds, one_of_each
 from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (fixture)
@@ -349,7 +349,7 @@ def test_job_start_may_give_the_resumed_job_a_cap_of_its_own(
     a fresh job in a new folder): the caps go into the job pointer, every launcher's budget and
     `hetero status` read them there, and the spec's other cap stays."""
     from training.common.jobparam import JobWatch, read_job_pointer
-    from training.launcher.jobstart import JobStartError, report
+    from training.workstation.jobstart import JobStartError, report
 
     from .test_launcher_jobstart import NOW, OLD, deployed_groups
 

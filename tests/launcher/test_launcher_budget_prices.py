@@ -14,9 +14,9 @@ from training.common.jobparam import GroupPrice, JobPointer, deployed_job_pointe
 from training.common.jobrecord import JobRecord
 from training.launcher.budget import Budget
 from training.launcher.deploy_prices import recorded_prices
-from training.launcher.status import JobStatus, budget_line, prices_text
 from training.prices import price_lines
 from training.spec import ClusterSpec, parse_spec
+from training.workstation.status import JobStatus, budget_line, prices_text
 
 STAMP = "2026-11-22T10:00:00Z"
 # 3.00 USD/h in all: 2 x 1.25 + 4 x 0.125.

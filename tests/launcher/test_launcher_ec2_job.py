@@ -397,7 +397,7 @@ def test_a_host_that_starts_after_the_job_ended_runs_nothing(
 def test_status_shows_groups_instances_outcome_metrics_and_newest_checkpoint(
     cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
 ) -> None:
-    from training.launcher.status import collect
+    from training.workstation.status import collect
 
     s3 = boto3.client("s3", region_name=REGION)
     for key in ("step-4/a.distcp", "step-4/COMPLETE", "step-8/a.distcp"):  # step 8 is cut off

@@ -304,7 +304,7 @@ def test_status_reads_the_record_where_the_pointer_says_and_shows_the_job(
     monkeypatch: pytest.MonkeyPatch,
     record_aws_calls: Callable[..., Path],
 ) -> None:
-    from training.launcher.status import collect
+    from training.workstation.status import collect
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     ssm = boto3.client("ssm", region_name="us-east-1")

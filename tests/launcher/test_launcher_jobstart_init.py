@@ -21,10 +21,10 @@ from training.common.jobparam import JobPointer, parse_job_pointer, read_job_poi
 from training.common.names import ENV_CHECKPOINT_URI, ENV_INIT_URI
 from training.launcher.ec2_start import staged_init
 from training.launcher.group import GroupIdentity, GroupSource
-from training.launcher.jobstart import JobStartError
 from training.launcher.peers import local_peers
 from training.launcher.plan import Backend, make_plan
 from training.spec import load_spec
+from training.workstation.jobstart import JobStartError
 
 from .conftest import CLUSTER_TOML
 from .test_launcher_jobstart import NAME, REGION, aws, keys, start  # noqa: F401 (aws: a fixture)

@@ -17,8 +17,8 @@ from test_prices import spot
 
 from training.cli import main
 from training.common.jobparam import GroupPrice, read_job_pointer
-from training.launcher.jobstart import report
 from training.spec import ClusterSpec
+from training.workstation.jobstart import report
 
 from .conftest import CLUSTER_TOML
 from .test_launcher_jobstart import (  # noqa: F401 (aws: a fixture)

@@ -20,8 +20,8 @@ from training.cli import main
 from training.common import s3_init
 from training.common.jobparam import read_job_pointer
 from training.launcher.ec2_start import staged_init
-from training.launcher.jobstart import JobStartError, start_job
 from training.spec import load_spec
+from training.workstation.jobstart import JobStartError, start_job
 
 from .conftest import CLUSTER_TOML
 from .s3_init_support import (

@@ -22,9 +22,9 @@ from training.common.jobparam import JobPointer
 from training.common.jobrecord import JobRecord
 from training.common.names import job_parameter_name
 from training.launcher.ec2_watches import last_metrics
-from training.launcher.status import JobStatus, collect, decision_text, render, validation_text
 from training.spec import load_spec
 from training.trainer.metrics import EvalResult, EvalScores, Interval, MetricsLogger, RunFacts
+from training.workstation.status import JobStatus, collect, decision_text, render, validation_text
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = RunFacts(
@@ -328,7 +328,7 @@ def test_status_tensorboard_says_so_when_the_job_pointer_is_denied(
     """A caller that may not read the parameter: the denial as ``hetero status`` reports a source
     it could not read, how to go without it, exit 1 and no command (not one for another job)."""
     from training.cli import main
-    from training.launcher import status
+    from training.workstation import status
 
     monkeypatch.setenv("HETERO_CHECKPOINT_URI", "s3://old-ckpt/checkpoints/d-0123456789ab/")
     ssm = boto3.client("ssm", region_name="us-east-1")

@@ -5,22 +5,30 @@ Checked in a fresh interpreter, so an import anywhere in the chain counts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fresh_imports import loaded_modules
 
 PERSON_SIDE = {
-    "training.launcher.jobstart": {"backstop", "budget", "jobstart"},
-    "training.launcher.status": {"bill", "budget", "deploy_prices", "status"},
-    "training.sagemaker_submit": set(),
-    "training.sagemaker_budget": set(),
+    "training.workstation.jobstart": {"backstop", "budget"},
+    "training.workstation.status": {"bill", "budget", "deploy_prices"},
+    "training.workstation.sagemaker_submit": set(),
+    "training.workstation.sagemaker_budget": set(),
 }
 """Each command's module and the launcher modules it may load (by their last name)."""
+WORKSTATION = Path(__file__).resolve().parents[2] / "training" / "workstation"
 
 
 def launcher_modules(module: str) -> set[str]:
     """The ``training.launcher`` modules a fresh interpreter holds after importing ``module``."""
     prefix = "training.launcher."
     return {m[len(prefix) :] for m in loaded_modules(f"import {module}") if m.startswith(prefix)}
+
+
+def test_every_module_of_the_person_side_is_checked() -> None:
+    found = {f"training.workstation.{p.stem}" for p in WORKSTATION.glob("*.py")}
+    assert found - {"training.workstation.__init__"} == set(PERSON_SIDE)
 
 
 @pytest.mark.parametrize("module", sorted(PERSON_SIDE))

@@ -21,8 +21,8 @@ from botocore.exceptions import ParamValidationError
 
 from training import cli
 from training.common import call_log
-from training.sagemaker_submit import SageMakerRules, SubmitError, build_plan
 from training.spec import load_spec
+from training.workstation.sagemaker_submit import SageMakerRules, SubmitError, build_plan
 
 from .sagemaker_support import (  # noqa: F401 (aws: a fixture)
     BUCKET,
@@ -69,7 +69,7 @@ def test_all_spot_spec_uploads_the_spec_then_creates_a_managed_spot_job(
         {"TrainingJobArn": f"arn:aws:sagemaker:{REGION}:123456789012:training-job/{JOB}"},
         expected_request(managed_spot=True),
     )
-    with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
+    with caplog.at_level(logging.WARNING, logger="training.workstation.sagemaker_submit"):
         assert submit_spec(aws, spec) == 0
     assert_all_answered(aws)
     # The spec is in S3 before the job that reads it exists.
@@ -105,7 +105,7 @@ def test_mixed_markets_run_on_demand_with_a_warning_that_says_why(
         {"TrainingJobArn": f"arn:aws:sagemaker:{REGION}:123456789012:training-job/{JOB}"},
         expected_request(managed_spot=False, trainers=3),
     )
-    with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
+    with caplog.at_level(logging.WARNING, logger="training.workstation.sagemaker_submit"):
         assert submit_spec(aws, spec) == 0
     assert_all_answered(aws)
     assert aws.calls == ["DescribeStacks", "PutObject", "CreateTrainingJob"]
@@ -386,7 +386,7 @@ def test_cli_parses_the_nested_action() -> None:
         ["sagemaker", "submit", "--spec", "x.toml", "--max-run", "60", "--max-wait", "120"]
     )
     assert (args._module, args.action, args.spec) == (
-        "training.sagemaker_submit",
+        "training.workstation.sagemaker_submit",
         "submit",
         "x.toml",
     )

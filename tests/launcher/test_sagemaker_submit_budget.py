@@ -1,10 +1,10 @@
 """``hetero sagemaker submit`` keeps the spec's budget with SageMaker's own stop
-(``training/sagemaker_budget.py``): ``StoppingCondition.MaxRuntimeInSeconds`` is the smallest of
-``--max-run``, ``job.max_hours`` and what ``job.max_usd`` buys at SageMaker's On-Demand training
-rates, read from the Price List API; a price it cannot read refuses ``job.max_usd``; ``--resume``
-continues an earlier job's checkpoints. Every AWS request is the exact one expected (botocore's
-Stubber, parameters validated against the service models), in the shapes the API references
-document."""
+(``training/workstation/sagemaker_budget.py``): ``StoppingCondition.MaxRuntimeInSeconds`` is the
+smallest of ``--max-run``, ``job.max_hours`` and what ``job.max_usd`` buys at SageMaker's
+On-Demand training rates, read from the Price List API; a price it cannot read refuses
+``job.max_usd``; ``--resume`` continues an earlier job's checkpoints. Every AWS request is the
+exact one expected (botocore's Stubber, parameters validated against the service models), in the
+shapes the API references document."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from price_list import price_list_item
 
 from training.common import call_log
 from training.common.jobparam import GroupPrice
-from training.sagemaker_budget import runtime_limit
-from training.sagemaker_submit import SubmitError
+from training.workstation.sagemaker_budget import runtime_limit
+from training.workstation.sagemaker_submit import SubmitError
 
 from .sagemaker_support import (  # noqa: F401 (aws: a fixture)
     BUCKET,
@@ -456,6 +456,6 @@ def test_no_cap_no_warning(
 ) -> None:
     # The old warning ("will not stop this job") is gone: the caps do stop it now.
     expect_describe_stacks(aws)
-    with caplog.at_level(logging.WARNING, logger="training.sagemaker_submit"):
+    with caplog.at_level(logging.WARNING, logger="training.workstation.sagemaker_submit"):
         assert submit_spec(aws, write_spec(tmp_path, capped(max_hours=1)), dry_run=True) == 0
     assert caplog.records == []

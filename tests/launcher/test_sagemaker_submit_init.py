@@ -17,7 +17,7 @@ from botocore.stub import ANY
 from hub_cache import INIT, HubCache, offline_hub, write_hub_cache
 
 from training.common import call_log
-from training.sagemaker_submit import SubmitError
+from training.workstation.sagemaker_submit import SubmitError
 
 from .sagemaker_support import (  # noqa: F401 (aws: a fixture)
     BUCKET,

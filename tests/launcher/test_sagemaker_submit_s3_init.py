@@ -20,7 +20,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from training.common import call_log, s3_init
-from training.sagemaker_submit import SubmitError
+from training.workstation.sagemaker_submit import SubmitError
 
 from .s3_init_support import (
     CONFIG,

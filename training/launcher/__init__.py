@@ -4,4 +4,6 @@ Modules by concern: ``group`` (which instance group is this host in), ``peers`` 
 the cluster), ``roles`` (the trainer's torchrun and the data server's command lines),
 ``supervisor`` (child processes that never outlive the launcher), ``spot`` (Spot interruption
 watch), ``job_end`` (scale the Auto Scaling groups to zero), ``launch`` and ``local`` (commands).
+The person's commands (``hetero job start``, ``hetero status``, ``hetero sagemaker submit``) are
+in ``training.workstation``.
 """

@@ -2,13 +2,13 @@
 
 The current job (the SSM job pointer ``/hetero/<cluster>/job``, when the stack created it: its
 id and checkpoint URI, which is where the job record is), its spend against its caps, its prices
-and its bill (``bill.py``: recorded at its end, else so far), groups (desired, minimum, maximum
-and in-service counts), instances by group, market and AZ, the job's outcome, each host's last
-reported state and metrics (with its last validation top-1 and the accuracy targets reached),
-the data-tier controller's last decisions (an elastic dataprep group: ``JobRecord.decisions``)
-and the newest complete checkpoint. Read-only: it calls only
-Describe/List/Get APIs. Credentials, region and endpoint come from the usual places
-(``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``...).
+and its bill (``training.launcher.bill``: recorded at its end, else so far), groups (desired,
+minimum, maximum and in-service counts), instances by group, market and AZ, the job's outcome,
+each host's last reported state and metrics (with its last validation top-1 and the accuracy
+targets reached), the data-tier controller's last decisions (an elastic dataprep group:
+``JobRecord.decisions``) and the newest complete checkpoint. Read-only: it calls only
+Describe/List/Get APIs. Runs on the person's machine: credentials, region and endpoint come from
+the usual places (``AWS_PROFILE``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``...).
 """
 
 from __future__ import annotations

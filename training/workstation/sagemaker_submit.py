@@ -13,9 +13,9 @@ How a spec becomes one ``CreateTrainingJob`` request:
   SageMaker's switch is per job, not per instance group, so a mixed spec runs On-Demand;
 - one subnet (collocation) and the cluster security group;
 - ``StoppingCondition.MaxRuntimeInSeconds``: ``--max-run``, or less where the spec's
-  ``job.max_hours`` / ``job.max_usd`` allow less (``training.sagemaker_budget``: SageMaker stops
-  the job there; ``job.max_usd`` is priced at SageMaker's own training rates, read from the Price
-  List API, and refused when they cannot be read);
+  ``job.max_hours`` / ``job.max_usd`` allow less (``sagemaker_budget``: SageMaker stops the job
+  there; ``job.max_usd`` is priced at SageMaker's own training rates, read from the Price List
+  API, and refused when they cannot be read);
 - ``CheckpointConfig`` at a job-specific prefix under the bucket's ``checkpoints/`` prefix (with
   ``--resume JOB``: JOB's, read with ``DescribeTrainingJob``, so the job continues from JOB's
   newest checkpoint), and the same URI in ``HETERO_CHECKPOINT_URI`` so the trainer writes every
@@ -82,8 +82,8 @@ from training.common.timm_hub import (
     upload_staged,
 )
 from training.prices import pricing_client
-from training.sagemaker_budget import PriceError, price_job, runtime_limit
 from training.spec import ClusterSpec, DatasetSource, InstanceGroup, Market, load_spec
+from training.workstation.sagemaker_budget import PriceError, price_job, runtime_limit
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """``hetero job start``: start another job on a deployed cluster, without a redeploy.
 
 A job ends with its outcome in the job record and every Auto Scaling group at zero
-(``job_end.py``). Starting the next one takes a new job id, a choice of checkpoints and the
-groups back at their counts:
+(``training.launcher.job_end``). Starting the next one takes a new job id, a choice of
+checkpoints and the groups back at their counts:
 
-1. read the job pointer (``/hetero/<cluster>/job``, ``jobparam.py``); none: deploy first;
+1. read the job pointer (``/hetero/<cluster>/job``, ``training.common.jobparam``); none: deploy
+   first;
 2. refuse while the current job still runs (a group with desired capacity or instances in
    service), unless ``--force``;
 3. ``--resume`` (the default): the new job keeps the checkpoint URI and resumes from its newest
@@ -32,12 +33,13 @@ groups back at their counts:
    (pointer first: an instance that starts must read the new job); an elastic dataprep group
    (``min_count``/``max_count``) gets ``MinSize=min_size, MaxSize=max_size,
    DesiredCapacity=count``, the sizes the stack gives it (``group_sizes``). An earlier job's
-   budget backstop (``backstop.py``) is deleted first; a group it set to ``MaxSize=0`` counts as
-   the deployed spec's.
+   budget backstop (``training.launcher.backstop``) is deleted first; a group it set to
+   ``MaxSize=0`` counts as the deployed spec's.
 
 Instances still running the old job (``--force``) read the pointer at least every
 ``--job-poll`` seconds: they stop the old job's role (the trainer checkpoints) and start again
-on the new job; they never end the old job or scale its groups down (``ec2_job.py``).
+on the new job; they never end the old job or scale its groups down
+(``training.launcher.ec2_job``).
 
 The caller's credentials need ``ssm:GetParameter`` and ``ssm:PutParameter`` on the parameter,
 ``autoscaling:DescribeAutoScalingGroups``, ``autoscaling:UpdateAutoScalingGroup`` and
