@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("training.dataplane.serve_cli", "run a data server (gRPC preprocessing service)"),
     "demo": ("training.dataplane.demo", "local data-plane demo: N data servers, one client"),
     "launch": ("training.launcher.launch", "the container entry point: run this host's role"),
-    "local": ("training.launcher.local", "run the whole heterogeneous topology on this machine"),
+    "local": ("training.local.run", "run the whole heterogeneous topology on this machine"),
     "status": ("training.workstation.status", "show a deployed job: groups, instances, outcome"),
     "job": ("training.workstation.jobstart", "start another job on the deployed cluster"),
     "rehearse": ("training.rehearsal.cli", "rehearse the spec's AWS lifecycle here, with faults"),

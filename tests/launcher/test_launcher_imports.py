@@ -18,7 +18,7 @@ LAUNCHER_MODULES = (
     "training.launcher.ec2_watches",
     "training.launcher.server_watch",
     "training.launcher.hang_watch",
-    "training.launcher.local",
+    "training.local.run",
 )
 
 

@@ -197,7 +197,7 @@ def test_ctrl_c_mid_run_stops_everything(tmp_path: Path) -> None:
 def test_free_port_skips_ports_in_use_and_taken() -> None:
     import socket
 
-    from training.launcher.local import free_port
+    from training.local.run import free_port
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -208,7 +208,7 @@ def test_free_port_skips_ports_in_use_and_taken() -> None:
 
 
 def test_server_count_and_trainer_ranks_follow_the_spec(tmp_path: Path) -> None:
-    from training.launcher.local import data_server_count, default_nproc
+    from training.local.run import data_server_count, default_nproc
     from training.spec import load_spec
 
     spec = load_spec(write_spec(tmp_path, steps=1, dataprep=True))
@@ -220,7 +220,7 @@ def test_server_count_and_trainer_ranks_follow_the_spec(tmp_path: Path) -> None:
 def test_gpus_are_counted_from_the_driver_and_cuda_visible_devices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.launcher.local import visible_gpus
+    from training.local.run import visible_gpus
 
     assert visible_gpus(tmp_path / "no-driver") == 0
     for bus in ("0000:10:1c.0", "0000:10:1d.0", "0000:20:1c.0"):

@@ -1,7 +1,9 @@
 """The person's commands (run on their machine, with their credentials) never load the instance's
 loop: `hetero job start`, `hetero status`, the SageMaker submission and its budget reach only the
 launcher modules they share with the instances (the budget, the bill, the prices, the backstop).
-Checked in a fresh interpreter, so an import anywhere in the chain counts."""
+The local run (`hetero local`, no AWS account) likewise reaches only the process modules it
+shares with the instances. Checked in a fresh interpreter, so an import anywhere in the chain
+counts."""
 
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ PERSON_SIDE = {
     "training.workstation.sagemaker_budget": set(),
 }
 """Each command's module and the launcher modules it may load (by their last name)."""
+LOCAL_RUN = {
+    "training.local.run": {"roles", "supervised", "supervisor"},
+    "training.local.tier": {"supervisor"},
+}
+"""The local run's modules and the launcher modules they may load."""
 WORKSTATION = Path(__file__).resolve().parents[2] / "training" / "workstation"
 
 
@@ -34,6 +41,11 @@ def test_every_module_of_the_person_side_is_checked() -> None:
 @pytest.mark.parametrize("module", sorted(PERSON_SIDE))
 def test_a_command_of_the_person_loads_no_part_of_the_instance_loop(module: str) -> None:
     assert launcher_modules(module) == PERSON_SIDE[module]
+
+
+@pytest.mark.parametrize("module", sorted(LOCAL_RUN))
+def test_the_local_run_loads_no_part_of_the_instance_loop(module: str) -> None:
+    assert launcher_modules(module) == LOCAL_RUN[module]
 
 
 def test_the_probe_sees_the_instance_loop_when_it_is_loaded() -> None:

@@ -1,6 +1,6 @@
 """Run a role's commands under a supervisor, then read how they ended: the one way ``hetero
 launch`` (``launch.py``), its generations on EC2 (``ec2_job.py``) and ``hetero local``
-(``local.py``) run them; what differs (the supervisor, how to wait) is passed in."""
+(``training.local.run``) run them; what differs (the supervisor, how to wait) is passed in."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ upward), health-checked, then torchrun with the trainer, which streams batches f
 when done, shuts them down with the Shutdown RPC. Ctrl-C or SIGTERM stops everything; no process
 is left behind either way. A spec without dataprep groups runs the trainer alone with its local
 DataLoader. With an elastic dataprep group, servers come and go while the trainer runs
-(``training.launcher.local_tier``).
+(``training.local.tier``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from training.common.tensorboard_paths import FOLDER as TB_FOLDER
 from training.common.tensorboard_paths import logdir_command
 from training.dataplane.autoscale import policy_for
 from training.launcher import roles
-from training.launcher.local_tier import LocalDataTier, reports_serving
 from training.launcher.supervised import run_role
 from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
+from training.local.tier import LocalDataTier, reports_serving
 from training.spec import ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
