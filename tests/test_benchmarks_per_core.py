@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,3 +32,20 @@ def test_a_short_run_measures_the_loop_and_the_server_on_one_core(tmp_path: Path
     assert round_["ratio"] == pytest.approx(round_["server"] / round_["loop"])
     assert result["meets_target"] == (round_["ratio"] >= 1.0)
     assert "server / loop" in done.stdout and result["machine"]["cpu_cores"] >= 2
+
+
+def test_upscale_writes_the_photographs_enlarged_as_jpegs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(REPO))  # benchmarks/ is a folder of the repo, not installed
+    from benchmarks.per_core import make_folder
+
+    total = make_folder(tmp_path, 2, upscale=2)
+    files = sorted(tmp_path.rglob("*.jpg"))
+    assert [f.parent.name for f in files] == ["china", "flower"]
+    sizes = []
+    for f in files:
+        with Image.open(f) as image:
+            sizes.append((image.format, image.size))
+    assert sizes == [("JPEG", (1280, 854)), ("JPEG", (1280, 854))]
+    assert total == sum(f.stat().st_size for f in files)

@@ -1,5 +1,6 @@
 """Read, decode and augment samples into one uint8 NCHW array; unreadable samples are skipped
-and reported by name (``Unreadable``)."""
+and reported by name (``Unreadable``). A large JPEG is decoded at reduced size where the training
+crop allows it (``training/data/reduced_decode.py``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from PIL import Image
 
 from training.data.batch import Unreadable
 from training.data.datasets import ImageSource
 from training.data.decode import CANNOT_READ, DECODE_ERRORS, decode_image, decode_problem
 from training.data.names import shown_text
+from training.data.reduced_decode import decode_for, transform_decoded
 from training.data.transforms import Transform
 
 log = logging.getLogger(__name__)
@@ -33,16 +36,41 @@ class AugmentedSamples:
 def load_image(source: ImageSource, index: int) -> Image.Image | Unreadable:
     """Sample ``index`` decoded to RGB, or why it cannot be read or decoded (logged, with its
     name). An index out of range raises ``IndexError``."""
+    data = _read(source, index)
+    if isinstance(data, Unreadable):
+        return data
     try:
-        data = source.read(index)
+        return decode_image(data)
+    except DECODE_ERRORS as e:
+        return _undecodable(source, index, data, e)
+
+
+def augment_sample(
+    source: ImageSource, index: int, transform: Transform
+) -> torch.Tensor | Unreadable:
+    """Sample ``index`` through ``transform`` (uint8 [3, S, S]), decoded at reduced size where
+    the transform's crop allows it; or why it cannot be read or decoded, as ``load_image``."""
+    data = _read(source, index)
+    if isinstance(data, Unreadable):
+        return data
+    try:
+        image, plan = decode_for(data, transform)
+    except DECODE_ERRORS as e:
+        return _undecodable(source, index, data, e)
+    return transform_decoded(transform, image, plan)
+
+
+def _read(source: ImageSource, index: int) -> bytes | Unreadable:
+    try:
+        return source.read(index)
     except IndexError:
         raise
     except Exception as e:  # any I/O failure (file gone, S3 error) skips the sample
         return _unreadable(source, index, f"{CANNOT_READ}: {e}")
-    try:
-        return decode_image(data)
-    except DECODE_ERRORS as e:
-        return _unreadable(source, index, f"not a readable image: {decode_problem(data, e)}")
+
+
+def _undecodable(source: ImageSource, index: int, data: bytes, error: Exception) -> Unreadable:
+    return _unreadable(source, index, f"not a readable image: {decode_problem(data, error)}")
 
 
 def _unreadable(source: ImageSource, index: int, reason: str) -> Unreadable:
@@ -67,11 +95,11 @@ def augment_samples(
     skipped: list[Unreadable] = []
     n = 0
     for index in indices:
-        image = load_image(source, index)
+        image = augment_sample(source, index, transform)
         if isinstance(image, Unreadable):
             skipped.append(image)
             continue
-        pixels[n] = transform(image).numpy()
+        pixels[n] = image.numpy()
         labels[n] = source.label(index)
         ids[n] = index
         n += 1

@@ -33,8 +33,9 @@ read, an S3 object that is gone or denied): the data path's reason for it, and p
 (``training/data/prep_inputs.py``, ``read_problem``)."""
 
 
-def _open(data: bytes) -> Image.Image:
-    """``data`` opened (its header read) and checked against ``MAX_PIXELS``."""
+def open_image(data: bytes) -> Image.Image:
+    """``data`` opened (its header read, nothing decoded yet) and checked against
+    ``MAX_PIXELS``."""
     image = Image.open(io.BytesIO(data))
     if image.width * image.height > MAX_PIXELS:
         raise Image.DecompressionBombError(
@@ -48,7 +49,11 @@ def decode_image(data: bytes) -> Image.Image:
     """Decode JPEG/PNG/... bytes into an RGB PIL image; raises one of ``DECODE_ERRORS`` (PIL's
     ``UnidentifiedImageError`` and ``DecompressionBombError`` included) if the bytes are not a
     readable image."""
-    image = _open(data)
+    return finish_decode(open_image(data))
+
+
+def finish_decode(image: Image.Image) -> Image.Image:
+    """An opened image (``open_image``) decoded to RGB; raises as ``decode_image`` does."""
     # The full decode here, so a truncated file fails here, not later. An RGB image is returned
     # as decoded: convert("RGB") would copy every pixel again (docs/dataplane.md, per core).
     image.load()
@@ -63,7 +68,7 @@ def image_problem(data: bytes) -> str | None:
     if not data:
         return EMPTY
     try:
-        image = _open(data)
+        image = open_image(data)
     except DECODE_ERRORS as e:
         return decode_problem(data, e)
     try:

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from training.common.names import ENV_LOADER_WORKERS
-from training.data.augment import list_unreadable, load_image
+from training.data.augment import augment_sample, list_unreadable
 from training.data.batch import Batch, Unreadable
 from training.data.datasets import ImageSource
 from training.data.order import epoch_seed, order_for
@@ -40,10 +40,10 @@ class AugmentedImages(Dataset[_Item]):
         return len(self.source)
 
     def __getitem__(self, index: int) -> _Item:
-        image = load_image(self.source, index)
+        image = augment_sample(self.source, index, self.transform)
         if isinstance(image, Unreadable):
             return image, -1, index
-        return self.transform(image), self.source.label(index), index
+        return image, self.source.label(index), index
 
 
 def collate_batch(items: list[_Item]) -> Batch:

@@ -19,6 +19,7 @@ from PIL import Image
 from timm.data import create_transform
 from timm.data.auto_augment import RandAugment
 
+from training.data.reduced_decode import ReducedDecodeTransform
 from training.spec import (
     AugmentationSpec,
     EvalSpec,
@@ -180,4 +181,5 @@ def build_transform(recipe: TransformSpec | Recipe | str, image_size: int) -> Tr
             if isinstance(step, RandAugment):
                 for op in step.ops:
                     op.magnitude_max = _RANDAUGMENT_MAGNITUDE_MAX
-    return transform
+    # The same transform, which can also draw its crop before a large JPEG's decode.
+    return ReducedDecodeTransform(transform)  # type: ignore[arg-type]
