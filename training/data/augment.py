@@ -5,7 +5,7 @@ crop allows it (``training/data/reduced_decode.py``)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,12 +25,19 @@ log = logging.getLogger(__name__)
 @dataclass
 class AugmentedSamples:
     """A batch as arrays: ``pixels`` uint8 [N,3,S,S]; ``labels``/``sample_ids`` int64 [N];
-    ``skipped`` names the requested samples that could not be read or decoded, in order."""
+    ``skipped`` names the requested samples that could not be read or decoded, in order.
+
+    Between a data server's worker and the server: ``in_slot`` (N) where the worker wrote the
+    pixels into shared memory instead (``pixels`` is then empty), and ``release``, which the
+    reader calls once done with pixels that are a view on that memory
+    (``training.dataplane.handoff``)."""
 
     pixels: np.ndarray
     labels: np.ndarray
     sample_ids: np.ndarray
     skipped: list[Unreadable] = field(default_factory=list)
+    in_slot: int | None = None
+    release: Callable[[], None] | None = None
 
 
 def load_image(source: ImageSource, index: int) -> Image.Image | Unreadable:
@@ -86,10 +93,19 @@ def list_unreadable(skipped: Iterable[Unreadable]) -> str:
 
 
 def augment_samples(
-    source: ImageSource, transform: Transform, indices: Sequence[int], image_size: int
+    source: ImageSource,
+    transform: Transform,
+    indices: Sequence[int],
+    image_size: int,
+    out: np.ndarray | None = None,
 ) -> AugmentedSamples:
-    """Augment ``indices`` in order into one contiguous array (the bytes the wire carries)."""
-    pixels = np.empty((len(indices), 3, image_size, image_size), dtype=np.uint8)
+    """Augment ``indices`` in order into one contiguous array (the bytes the wire carries):
+    ``out`` (uint8 [len(indices), 3, S, S]) where given, else a new one; the readable samples
+    fill it from the start."""
+    shape = (len(indices), 3, image_size, image_size)
+    if out is not None and out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}, the batch needs {shape}")
+    pixels = np.empty(shape, dtype=np.uint8) if out is None else out
     labels = np.empty(len(indices), dtype=np.int64)
     ids = np.empty(len(indices), dtype=np.int64)
     skipped: list[Unreadable] = []

@@ -30,7 +30,13 @@ from training.data.transforms import EvalTransform, decode_recipe, encode_recipe
 from training.dataplane.budget import MB, ByteBudget, default_memory_budget_bytes
 from training.dataplane.load import ImageRateThrottle, PoolLoad, check_images_per_s
 from training.dataplane.rpc import MAX_MESSAGE_BYTES, SERVICE_NAME, channel_options
-from training.dataplane.sources import AugmentingBatchSource, BatchSource, BatchWork
+from training.dataplane.sources import (
+    PART_IMAGES,
+    AugmentingBatchSource,
+    BatchSource,
+    BatchWork,
+    abandon,
+)
 from training.dataplane.v1 import dataplane_pb2
 from training.dataplane.wire import encode_batch
 from training.spec import ClusterSpec, Recipe
@@ -53,12 +59,6 @@ BATCH_MEMORY_FACTOR = 3
 # How often a waiting stream (for the memory budget, for a worker) checks that its client is
 # still there.
 _POLL_S = 0.25
-
-# A batch is made in parts of at most this many images, each by one worker and seeded by its
-# first position (``batch_seed``): a server's workers share a big batch (made whole by one
-# worker, a 256-image batch kept the others idle), and its bytes are the same whatever the
-# server's worker count.
-PART_IMAGES = 32
 
 # A batch under way in a stream: its positions [start, stop), its charge to the memory budget,
 # the workers' futures (one per part, in order), and when the throttle lets it go (None: no
@@ -239,6 +239,20 @@ class DataPlaneServicer:
         its own so that the worker's result is freed when it returns: only the message stays
         alive while gRPC sends it.) With a throttle, the batch also waits for its time."""
         start, stop, charge, parts, ready_at = pending.popleft()
+        try:
+            return self._encode(start, stop, charge, parts, ready_at, context)
+        finally:
+            abandon(parts)  # encoded (or given up): the workers' shared memory is free again
+
+    def _encode(
+        self,
+        start: int,
+        stop: int,
+        charge: int,
+        parts: list[futures.Future[AugmentedSamples]],
+        ready_at: float | None,
+        context: grpc.ServicerContext,
+    ) -> tuple[bytes, int] | None:
         deadline = time.monotonic() + self._batch_timeout_s
         # Waits in short steps: a stream whose client is gone stops at once (its ``finally``
         # cancels the batches queued for it) instead of when this batch is done.
@@ -389,8 +403,7 @@ class DataPlaneServicer:
         finally:
             # Client went away or the stream failed: do not augment batches nobody will read.
             for _, _, _, parts, _ in pending:
-                for part in parts:
-                    part.cancel()
+                abandon(parts)
             if held:
                 self._budget.release(held)
 
@@ -588,11 +601,14 @@ def serve(
         max_images_per_s = check_images_per_s(max_images_per_s)
     dp = spec.job.dataplane
     memory_mb = dp.server_memory_mb if memory_mb is None else memory_mb
+    budget_bytes = memory_mb * MB or default_memory_budget_bytes()
     source = AugmentingBatchSource(
         spec.job.dataset,
         recipe=spec.job.augmentation,
         eval_recipe=EvalTransform.from_spec(spec.job.eval),
         workers=workers if workers is not None else dp.workers_per_server,
+        # The parts in flight are bounded by the memory budget: their shared memory too.
+        handoff_bytes=budget_bytes,
     )
     try:
         source.warm_up()
@@ -600,7 +616,7 @@ def serve(
             source,
             port=dp.port if port is None else port,
             host=host,
-            memory_budget_bytes=memory_mb * MB,
+            memory_budget_bytes=budget_bytes,
             max_images_per_s=max_images_per_s,
         )
 

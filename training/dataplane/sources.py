@@ -4,13 +4,20 @@ the transport alone)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import multiprocessing
 import os
 import random
 import threading
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import (
+    Executor,
+    Future,
+    InvalidStateError,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+)
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,10 +30,19 @@ from training.data.datasets import ImageSource
 from training.data.order import epoch_order, order_for
 from training.data.splits import Split, build_splits
 from training.data.transforms import EvalTransform, Transform, TransformSpec, build_transform
+from training.dataplane.handoff import InArena, PixelArena, Slot, SlotRef, slot_array
 from training.dataplane.lifetime import init_worker_lifetime, start_guarded_forkserver
 from training.spec import AugmentationSpec, DatasetSpec, Recipe
 
 log = logging.getLogger(__name__)
+
+PART_IMAGES = 32
+"""A batch is made in parts of at most this many images, each by one worker and seeded by its
+first position (``server.batch_seed``): a server's workers share a big batch (made whole by one
+worker, a 256-image batch kept the others idle), and its bytes are the same whatever the
+server's worker count."""
+DEFAULT_HANDOFF_BYTES = 256 * 1024 * 1024
+"""Shared memory for the parts in flight from the workers (sparse: pages are used as written)."""
 
 
 @dataclass(frozen=True)
@@ -91,19 +107,76 @@ def _worker_transform(recipe: TransformSpec, image_size: int) -> Transform:
     return build_transform(recipe, image_size)
 
 
-def _augment_in_worker(spec: DatasetSpec, work: BatchWork, reseed: bool) -> AugmentedSamples:
+def _augment_in_worker(
+    spec: DatasetSpec, work: BatchWork, reseed: bool, slot: SlotRef | None = None
+) -> AugmentedSamples:
+    """The part ``work`` names; its pixels written into ``slot`` of the server's arena where one
+    is given and reachable (then returned without them), else returned whole."""
     if reseed:
         # Worker processes own their RNGs: seeding per batch makes a batch's augmentation the
         # same whichever worker or server makes it.
         random.seed(work.rng_seed)
         np.random.seed(work.rng_seed)  # timm's RandAugment picks its ops with np.random
         torch.manual_seed(work.rng_seed)
-    return augment_samples(
+    size = work.image_size
+    out = slot_array(slot, (len(work.indices), 3, size, size)) if slot is not None else None
+    made = augment_samples(
         _worker_source(spec, work.split),
-        _worker_transform(work.recipe, work.image_size),
+        _worker_transform(work.recipe, size),
         work.indices,
-        work.image_size,
+        size,
+        out=out,
     )
+    if out is None:
+        return made
+    empty = np.empty((0, 3, size, size), dtype=np.uint8)
+    return dataclasses.replace(made, pixels=empty, in_slot=len(made.pixels))
+
+
+def _through_arena(inner: Future[AugmentedSamples], slot: Slot) -> Future[AugmentedSamples]:
+    """The part ``inner`` makes, its pixels a view on ``slot`` (released by its reader through
+    ``AugmentedSamples.release``). Cancelling it cancels ``inner``; a part whose reader gave it
+    up, or that failed, frees its slot once its worker is done with it."""
+    outer: Future[AugmentedSamples] = Future()
+
+    def inner_done(f: Future[AugmentedSamples]) -> None:
+        slot.worker_done()
+        try:
+            if f.cancelled():
+                outer.cancel()
+            elif (error := f.exception()) is not None:
+                outer.set_exception(error)
+            elif (made := f.result()).in_slot is None:  # the worker used the pipe
+                outer.set_result(made)
+            else:
+                shape = made.pixels.shape[1:]
+                pixels = slot.view(InArena(made.in_slot, (shape[0], shape[1], shape[2])))
+                outer.set_result(dataclasses.replace(
+                    made, pixels=pixels, in_slot=None, release=slot.release
+                ))  # fmt: skip
+                return
+        except InvalidStateError:
+            pass  # the reader cancelled it meanwhile
+        slot.release()  # nobody reads this slot
+
+    outer.add_done_callback(lambda o: inner.cancel() if o.cancelled() else None)
+    inner.add_done_callback(inner_done)
+    return outer
+
+
+def abandon(parts: list[Future[AugmentedSamples]]) -> None:
+    """The reader is done with ``parts`` (read or not): cancel those not started, and release
+    each one's shared memory once it is made (at once for those made already)."""
+    for part in parts:
+        part.cancel()
+        part.add_done_callback(_release)
+
+
+def _release(part: Future[AugmentedSamples]) -> None:
+    if not part.cancelled() and part.exception() is None:
+        release = part.result().release
+        if release is not None:
+            release()
 
 
 def _init_worker() -> None:
@@ -135,6 +208,7 @@ class AugmentingBatchSource:
         processes: bool = True,
         source: ImageSource | None = None,
         val_source: ImageSource | None = None,
+        handoff_bytes: int = DEFAULT_HANDOFF_BYTES,
     ) -> None:
         self.dataset = dataset
         self.default_recipe: TransformSpec = (
@@ -154,6 +228,14 @@ class AugmentingBatchSource:
         self.num_val_samples = len(self._val_source) if self._val_source is not None else 0
         self.num_classes = self._source.num_classes
         self._lock = threading.Lock()
+        # Workers hand their pixels over in shared memory (training.dataplane.handoff): slots of
+        # one part at the dataset's image size, as many as ``handoff_bytes`` holds.
+        part_bytes = PART_IMAGES * 3 * self.image_size**2
+        self._arena = (
+            PixelArena(part_bytes, max(1, handoff_bytes // part_bytes))
+            if processes and handoff_bytes > 0
+            else None
+        )
         self._executor = self._new_executor()
 
     def _new_executor(self) -> Executor:
@@ -168,7 +250,7 @@ class AugmentingBatchSource:
         with self._lock:
             try:
                 if self._processes:
-                    return self._executor.submit(_augment_in_worker, self.dataset, work, True)
+                    return self._submit_to_worker(work)
                 split_source = self._source if work.split is Split.TRAIN else self._val_source
                 if split_source is None:
                     raise ValueError("this data server has no validation set")
@@ -185,6 +267,19 @@ class AugmentingBatchSource:
                 self._executor = self._new_executor()
                 raise
 
+    def _submit_to_worker(self, work: BatchWork) -> Future[AugmentedSamples]:
+        nbytes = len(work.indices) * 3 * work.image_size**2
+        slot = self._arena.lend(nbytes) if self._arena is not None else None
+        if slot is None:  # no arena, none free, or another size: through the pipe
+            return self._executor.submit(_augment_in_worker, self.dataset, work, True)
+        try:
+            inner = self._executor.submit(_augment_in_worker, self.dataset, work, True, slot.ref)
+        except BaseException:
+            slot.worker_done()
+            slot.release()
+            raise
+        return _through_arena(inner, slot)
+
     def order(self, seed: int, epoch: int) -> torch.Tensor:
         return order_for(self._source, seed, epoch)
 
@@ -198,6 +293,8 @@ class AugmentingBatchSource:
     def close(self) -> None:
         with self._lock:
             self._executor.shutdown(wait=True, cancel_futures=True)
+            if self._arena is not None:
+                self._arena.close()
 
 
 class PremadeBatchSource:
