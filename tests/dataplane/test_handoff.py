@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from training.data.augment import AugmentedSamples
-from training.dataplane.handoff import InArena, PixelArena
+from training.dataplane.handoff import PixelArena
 from training.dataplane.sources import AugmentingBatchSource, BatchWork, abandon
 from training.spec import AugmentationSpec, DatasetSpec, Recipe
 
@@ -60,7 +60,7 @@ def test_a_view_reads_what_was_written_in_its_slot() -> None:
         ref = slot.ref
         data = np.arange(ref.nbytes, dtype=np.uint64).astype(np.uint8)
         arena.buffer[ref.offset : ref.offset + ref.nbytes] = data.tobytes()
-        view = slot.view(InArena(32, (3, 32, 32)))
+        view = slot.view(32, (3, 32, 32))
         assert view.shape == (32, 3, 32, 32) and not view.flags.writeable
         assert np.array_equal(view.reshape(-1), data)
         del view

@@ -22,6 +22,7 @@ an unreadable one see what they saw before.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -109,9 +110,8 @@ def _reduce(image: Image.Image, plan: CropPlan) -> CropPlan:
     width, height = image.size
     drafted = image.draft(None, (width // plan.reduction, height // plan.reduction))
     if drafted is None:  # a JPEG the decoder cannot scale: decoded whole
-        return CropPlan(plan.top, plan.left, plan.height, plan.width, plan.interpolation, 1)
-    scale = round(width / drafted[1][2])
-    return CropPlan(plan.top, plan.left, plan.height, plan.width, plan.interpolation, scale)
+        return dataclasses.replace(plan, reduction=1)
+    return dataclasses.replace(plan, reduction=round(width / drafted[1][2]))
 
 
 def decode_for(data: bytes, transform: object) -> tuple[Image.Image, CropPlan | None]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import mmap
 import os
 import threading
@@ -41,14 +42,6 @@ class SlotRef:
     nbytes: int
 
 
-@dataclass(frozen=True)
-class InArena:
-    """A part's pixels as a worker returns them: ``count`` images of ``shape`` in its slot."""
-
-    count: int
-    shape: tuple[int, int, int]
-
-
 class Slot:
     """One slot lent to one part: free again once its worker is done and its reader released
     it (each at most once)."""
@@ -64,13 +57,15 @@ class Slot:
         a = self._arena
         return SlotRef(os.getpid(), a.fd, self.index * a.slot_bytes, a.slot_bytes)
 
-    def view(self, found: InArena) -> np.ndarray:
-        """The part's pixels, read-only, in place (valid until ``release``)."""
+    def view(self, count: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The part's ``count`` images of ``shape``, read-only, in place (valid until
+        ``release``)."""
         a = self._arena
-        count = found.count * int(np.prod(found.shape))
-        flat = np.frombuffer(a.buffer, np.uint8, count, self.index * a.slot_bytes)
+        flat = np.frombuffer(
+            a.buffer, np.uint8, count * math.prod(shape), self.index * a.slot_bytes
+        )
         flat.flags.writeable = False
-        return flat.reshape(found.count, *found.shape)
+        return flat.reshape(count, *shape)
 
     def worker_done(self) -> None:
         self._settle(worker=True)

@@ -30,7 +30,7 @@ from training.data.datasets import ImageSource
 from training.data.order import epoch_order, order_for
 from training.data.splits import Split, build_splits
 from training.data.transforms import EvalTransform, Transform, TransformSpec, build_transform
-from training.dataplane.handoff import InArena, PixelArena, Slot, SlotRef, slot_array
+from training.dataplane.handoff import PixelArena, Slot, SlotRef, slot_array
 from training.dataplane.lifetime import init_worker_lifetime, start_guarded_forkserver
 from training.spec import AugmentationSpec, DatasetSpec, Recipe
 
@@ -149,8 +149,7 @@ def _through_arena(inner: Future[AugmentedSamples], slot: Slot) -> Future[Augmen
             elif (made := f.result()).in_slot is None:  # the worker used the pipe
                 outer.set_result(made)
             else:
-                shape = made.pixels.shape[1:]
-                pixels = slot.view(InArena(made.in_slot, (shape[0], shape[1], shape[2])))
+                pixels = slot.view(made.in_slot, made.pixels.shape[1:])  # pixels: [0, 3, S, S]
                 outer.set_result(dataclasses.replace(
                     made, pixels=pixels, in_slot=None, release=slot.release
                 ))  # fmt: skip
