@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.data import SyntheticImages, build_transform, decode_image
+from training.data.datasets import SyntheticImages
+from training.data.decode import decode_image
+from training.data.transforms import build_transform
 from training.dataplane.client import DataPlaneClient
 from training.dataplane.server import create_server
 from training.dataplane.sources import PremadeBatchSource

@@ -39,7 +39,7 @@ from typing import Any
 
 from benchmarks.trainer_common import bench_spec, print_table, report, trainer_run, write_result
 from benchmarks.trainer_overhead import RECIPES, bare_loop
-from training.data import Batch
+from training.data.batch import Batch
 from training.planner.bench import TrainerFigure, common_fields, gpu_model, merge, trainer_record
 from training.planner.results import THROUGHPUT_FILE, read_throughput
 from training.trainer.config import ModelConfig, TrainerConfig

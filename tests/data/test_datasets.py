@@ -13,17 +13,13 @@ import torch
 from moto import mock_aws
 from PIL import Image
 
-from training.data import (
-    FolderImages,
-    S3Images,
-    SyntheticImages,
-    Unreadable,
-    build_transform,
-    decode_image,
-    epoch_order,
-    load_image,
-    local_loader,
-)
+from training.data.augment import load_image
+from training.data.batch import Unreadable
+from training.data.datasets import FolderImages, S3Images, SyntheticImages
+from training.data.decode import decode_image
+from training.data.loader import local_loader
+from training.data.order import epoch_order
+from training.data.transforms import build_transform
 from training.spec import DatasetSource, DatasetSpec, JobSpec
 
 

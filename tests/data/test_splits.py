@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.data import (
-    FolderImages,
+from training.data.datasets import FolderImages, SyntheticImages
+from training.data.loader import local_loader
+from training.data.splits import (
     SubsetImages,
-    SyntheticImages,
     build_dataset,
     build_split,
     build_splits,
-    local_loader,
+    parse_split,
     split_indices,
 )
-from training.data.splits import parse_split
 from training.spec import DatasetSource, DatasetSpec, JobSpec
 from training.trainer.inputs import LocalBatches
 

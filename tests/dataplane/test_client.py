@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from training.data import Batch, Unreadable, epoch_order, local_loader
+from training.data.batch import Batch, Unreadable
+from training.data.loader import local_loader
+from training.data.order import epoch_order
 from training.dataplane.client import (
     DataPlaneClient,
     DataPlaneError,

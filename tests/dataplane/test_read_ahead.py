@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from training.data import Batch
+from training.data.batch import Batch
 from training.dataplane.client import DataPlaneClient
 
 PER_EPOCH = 12  # the fixture's 96 samples in batches of 8

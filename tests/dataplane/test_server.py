@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
-from training.data import batch_seed, epoch_order
+from training.data.order import batch_seed, epoch_order
 from training.dataplane.rpc import SERVICE_NAME, channel_options
 from training.dataplane.server import PART_IMAGES, batch_memory_bytes, create_server
 from training.dataplane.sources import AugmentingBatchSource, BatchWork, PremadeBatchSource

@@ -15,14 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
-from training.data import (
-    FolderImages,
-    ImageSource,
-    SubsetImages,
-    Unreadable,
-    build_splits,
-    load_image,
-)
+from training.data.augment import load_image
+from training.data.batch import Unreadable
+from training.data.datasets import FolderImages, ImageSource
+from training.data.splits import SubsetImages, build_splits
 from training.data.transforms import EvalTransform, build_transform, encode_recipe
 from training.dataplane.client import DataPlaneClient, DataPlaneUnavailable
 from training.dataplane.processes import start_server_process

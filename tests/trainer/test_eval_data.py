@@ -14,7 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from training.data import Batch, FolderImages, SubsetImages, Unreadable, build_split
+from training.data.batch import Batch, Unreadable
+from training.data.datasets import FolderImages
+from training.data.splits import SubsetImages, build_split
 from training.data.transforms import EvalTransform
 from training.dataplane.server import create_server
 from training.dataplane.sources import AugmentingBatchSource

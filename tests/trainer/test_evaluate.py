@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.data import Batch
+from training.data.batch import Batch
 from training.dataplane.client import DataWaitInterrupted
 from training.trainer.evaluate import EvaluationInterrupted, evaluate
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from training.data import Batch
+from training.data.batch import Batch
 from training.spec import load_spec
 from training.trainer import nonfinite
 from training.trainer.config import TrainerConfig

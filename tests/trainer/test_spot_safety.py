@@ -21,7 +21,7 @@ from torch import nn
 
 from training.common.outcome import EXIT_CONFIG, EXIT_FAILED, Outcome, read_rank_outcomes
 from training.common.steps import MARKER
-from training.data import epoch_order
+from training.data.order import epoch_order
 from training.spec import load_spec
 from training.trainer.checkpoint import Checkpointer, CheckpointStorageError, step_dirs
 from training.trainer.local_run import FORKSERVER_PRELOAD, LocalJob, free_port, run_local

@@ -3,6 +3,11 @@
 A source returns encoded image bytes (JPEG/PNG), so decoding is part of the augmentation cost
 wherever it runs, exactly as with real data. Sources are picklable: the data server ships them to
 its worker processes.
+
+torchvision's folder rules (``find_classes``, ``make_dataset``, ``IMG_EXTENSIONS``) are imported
+where a folder or a prefix is listed: importing torchvision loads all of it, ``torch._dynamo``
+included (seconds of CPU), and a process that orders a dataset without reading it (the
+rehearsal) must not pay that.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from training.common import s3
 from training.data.lazy_s3 import LazyS3Client
@@ -112,6 +116,8 @@ class FolderImages:
                 f"{field} {str(self.root)!r} is not a folder; point it at a folder of "
                 "class sub-folders (ImageFolder layout)"
             )
+        from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
         try:
             self.classes, class_to_idx = find_classes(str(self.root))
         except FileNotFoundError as e:
@@ -160,6 +166,8 @@ class S3Images(LazyS3Client):
             raise ValueError(f"{field} {uri!r} must look like s3://bucket/prefix/") from None
         self.uri = uri
         self._client = client
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+
         by_class: dict[str, list[str]] = {}
         for key in s3.list_keys(self.client, self.bucket, self.prefix):
             cls = s3.sub_prefix(self.prefix, key)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
-from training.data import Batch
+from training.data.batch import Batch
 from training.data.loader import AugmentedImages, collate_batch
 from training.data.splits import NO_VALIDATION, build_split
 from training.data.transforms import EvalTransform, build_transform, encode_recipe

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from training.data import Batch
+from training.data.batch import Batch
 from training.trainer.stream import to_device
 
 

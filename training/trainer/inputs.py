@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
-from training.data import Batch, build_split, epoch_order, local_loader
-from training.data.batch import Unreadable
+from training.data.batch import Batch, Unreadable
+from training.data.loader import local_loader
+from training.data.order import epoch_order
+from training.data.splits import build_split
 from training.spec import JobSpec
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.remote import DataPlaneBatches
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 class SyntheticBatches:
     """Deterministic uint8 batches made in memory: sample ``i`` of the dataset is
     ``pool[i % pool_size]`` with label ``i % num_classes``; epoch order from
-    ``training.data.epoch_order``. Costs an index and a copy per batch: the loop-overhead
+    ``training.data.order.epoch_order``. Costs an index and a copy per batch: the loop-overhead
     benchmark and the tests use it to take augmentation out of the picture."""
 
     def __init__(

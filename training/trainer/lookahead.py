@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from training.data import Batch
+from training.data.batch import Batch
 from training.trainer.stream import BatchStream, DataInterrupted, EndOfData
 
 

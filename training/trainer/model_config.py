@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.data import build_dataset
+from training.data.splits import build_dataset
 from training.spec import ClusterSpec
 from training.trainer.config import ConfigError, ModelConfig, TrainerConfig
 from training.trainer.data_config import DataConfig, job_data_config, needs_weights

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from training.data import Batch
+from training.data.batch import Batch
 from training.data.transforms import encode_recipe
 from training.dataplane.client import DataPlaneClient, DataWaitInterrupted
 from training.dataplane.discovery import ServerDiscovery, parse_discovery

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from training.data import Batch
+from training.data.batch import Batch
 
 
 class EndOfData(Exception):

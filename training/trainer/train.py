@@ -31,7 +31,7 @@ from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome, RankOutcome
 from training.common.progress import ProgressWriter
 from training.common.tensorboard_paths import tensorboard_uri
-from training.data import Batch
+from training.data.batch import Batch
 from training.dataplane.autoscale import Autoscaler, actuator_from_arg, policy_for
 from training.dataplane.client import DataWaitInterrupted
 from training.trainer.checkpoint import Checkpointer, Restored, completed_at
