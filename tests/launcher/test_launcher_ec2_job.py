@@ -4,6 +4,7 @@ leads to the documented action (moto for EC2, Auto Scaling and S3; a real IMDSv2
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from training.common.jobrecord import JobRecord
-from training.common.outcome import EXIT_DATA, EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED
+from training.common.outcome import EXIT_DATA, EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, Outcome
 from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.loop_settings import LoopSettings
@@ -582,3 +583,83 @@ def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
     assert cluster["asg"].completed == [
         {**COMPLETED_OWN_HOOK, "AutoScalingGroupName": "one-dataprep", "InstanceId": iid}
     ]
+
+
+# A data server stand-in at the job's end: SERVING, then stopped on request as `hetero serve`
+# stops after the Shutdown RPC (its port closed, ``server-<PORT>.stopped`` written), then an exit
+# that takes longer than the silent-host bound (a slow teardown on a busy host), exit code 0.
+STOPPING_SERVER = r"""
+import sys, time
+from concurrent import futures
+from pathlib import Path
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from training.common.outcome import mark_server_stopped
+from training.dataplane.rpc import SERVICE_NAME
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+servicer = health.HealthServicer()
+health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+server.add_insecure_port(sys.argv[1])
+server.start()
+time.sleep(1.0)
+server.stop(0).wait()
+mark_server_stopped(Path(sys.argv[2]), int(sys.argv[1].rsplit(":", 1)[1]))
+time.sleep(5.0)
+"""
+
+
+def test_a_data_server_stopped_on_request_is_not_taken_out_while_it_exits(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    """The job's Shutdown closes the server's port; its process then takes longer to exit than
+    the silent-host bound. Its launcher does not take that silence for a fault: the server said
+    it stopped (``server-<PORT>.stopped`` in the outcome folder), so nobody is taken out and the
+    generation ends as the server's exit says."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    iid = cluster["dataprep_instance_id"]
+    identity = GroupIdentity(
+        "dataprep", GroupSource.EC2, host="127.0.0.1", instance_id=iid, region=REGION,
+        cluster="one",
+    )  # fmt: skip
+
+    def plan_for(found: Peers, port: int, outcome_dir: str) -> LaunchPlan:
+        argv = (sys.executable, "-c", STOPPING_SERVER, address, outcome_dir)
+        return LaunchPlan(
+            backend=Backend.EC2, identity=identity, role=Role.DATAPREP, peers=found,
+            commands=(("data-server-0", RoleCommand(argv, {})),), serves=(address,),
+        )  # fmt: skip
+
+    settings = LoopSettings(
+        restart_budget=2, restart_backoff_s=0.05, peer_timeout_s=20, poll_s=0.1,
+        spot_poll_s=0.1, grace_s=5, imds_url=fake_imds.url, imds_timeout_s=1.0,
+        subreaper=False, heartbeat_s=0.3, silent_after_s=3.0,
+    )  # fmt: skip
+    record = JobRecord(URI)
+    job = Ec2Job(
+        cluster["spec"], identity=identity, settings=settings, plan_for=plan_for,
+        environ={"HETERO_LIFECYCLE_HOOK": "hetero-checkpoint"}, run_dir=tmp_path / "run",
+        ec2=cluster["ec2"], autoscaling=cluster["asg"], record=record,
+        asg_names=cluster["names"],
+    )  # fmt: skip
+    fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
+    stopped = tmp_path / "run"
+
+    def end_the_job_once_the_server_stopped() -> None:  # as the trainers do after Shutdown
+        deadline = time.monotonic() + 20
+        while not list(stopped.rglob("server-*.stopped")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        record.end(Outcome.FINISHED, reason="training finished", by="i-trainer")
+
+    ender = threading.Thread(target=end_the_job_once_the_server_stopped, daemon=True)
+    ender.start()
+    assert job.run() == EXIT_FINISHED
+    ender.join(timeout=5)
+    assert record.evicted() == {}
+    health = cluster["asg"].describe_auto_scaling_instances(InstanceIds=[iid])
+    assert health["AutoScalingInstances"][0]["HealthStatus"].upper() == "HEALTHY"
+    assert record.host(iid)["state"] != "generation-failed", record.host(iid)

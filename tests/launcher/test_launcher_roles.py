@@ -75,3 +75,5 @@ def test_data_server_command() -> None:
         "py", "-m", "training.cli", "serve", "--spec", "c.toml", "--port", "50052", "--host",
         "0.0.0.0",
     )  # fmt: skip
+    told = data_server_command(spec_path="c.toml", port=1, outcome_dir="/run/o", python="py")
+    assert told.argv[-2:] == ("--outcome-dir", "/run/o")

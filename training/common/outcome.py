@@ -14,6 +14,12 @@ into the folder given by ``--outcome-dir`` (with its exit code when it says more
 outcome); ``read_host_outcome`` combines a host's files into one outcome (a rank without a file,
 e.g. one killed by SIGKILL, counts as failed), and ``not_retried`` finds a rank whose failure a
 restart would meet again.
+
+A data server (``hetero serve --outcome-dir``) writes ``server-<PORT>.stopped`` there once it has
+stopped serving on request (the job's Shutdown RPC, SIGTERM, SIGINT), before its process exits:
+from then on its port refuses connections on purpose, and its launcher's health watch
+(``training.launcher.server_watch``) no longer takes the silence for a server that stopped
+working, however long the process takes to exit.
 """
 
 from __future__ import annotations
@@ -96,10 +102,27 @@ def write_rank_outcome(folder: Path, outcome: RankOutcome) -> Path:
 
 
 def clear_outcomes(folder: Path) -> None:
-    """Remove the files of a previous run (call before starting the trainer again)."""
+    """Remove the files of a previous run (call before starting the role again)."""
     if folder.is_dir():
-        for p in folder.glob("rank-*.json"):
-            p.unlink(missing_ok=True)
+        for pattern in ("rank-*.json", "server-*.stopped"):
+            for p in folder.glob(pattern):
+                p.unlink(missing_ok=True)
+
+
+def server_stopped_path(folder: Path, port: int) -> Path:
+    return folder / f"server-{port}.stopped"
+
+
+def mark_server_stopped(folder: Path, port: int) -> None:
+    """The data server on ``port`` stopped serving on request (see the module docstring)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(server_stopped_path(folder, port), json.dumps({"time": time.time()}))
+
+
+def server_stopped(folder: Path, address: str) -> bool:
+    """Whether the data server at ``address`` (``host:port``) said it stopped on request."""
+    port = address.rsplit(":", 1)[-1]
+    return port.isdigit() and server_stopped_path(folder, int(port)).exists()
 
 
 def read_rank_outcomes(folder: Path) -> list[RankOutcome]:

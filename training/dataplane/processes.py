@@ -49,17 +49,21 @@ def start_server_process(
     timeout_s: float = 120.0,
     log_level: str = "WARNING",
     env: Mapping[str, str] | None = None,
+    outcome_dir: Path | None = None,
 ) -> ServerProcess:
     """Start ``hetero serve`` for ``spec_path`` and wait until it prints the port it listens on.
     ``workers`` and ``memory_mb`` (None: the spec's) are passed as ``--workers``/``--memory-mb``;
-    ``env`` is added to this process's environment for it. Raises ``RuntimeError`` with the
-    child's output if it exits or stays silent."""
+    ``env`` is added to this process's environment for it; ``outcome_dir`` is its
+    ``--outcome-dir``. Raises ``RuntimeError`` with the child's output if it exits or stays
+    silent."""
     cmd = [sys.executable, "-m", "training.cli", "--log-level", log_level, "serve"]
     cmd += ["--spec", str(spec_path), "--host", host, "--port", str(port)]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     if memory_mb is not None:
         cmd += ["--memory-mb", str(memory_mb)]
+    if outcome_dir is not None:
+        cmd += ["--outcome-dir", str(outcome_dir)]
     child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=child_env)
     assert proc.stdout is not None

@@ -6,8 +6,10 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 # load.py imports neither torch nor gRPC: cheap before a server is really started.
+from training.common.outcome import mark_server_stopped
 from training.dataplane.load import ENV_MAX_IMAGES_PER_S
 from training.spec import load_spec
 
@@ -52,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="throttle: the server as a whole delivers at most R images per second, like a "
         f"slower machine (tests, rehearsals; default: ${ENV_MAX_IMAGES_PER_S} if set, else none)",
     )
+    parser.add_argument(
+        "--outcome-dir",
+        default=None,
+        help="write server-<PORT>.stopped here once the server stopped on request (the "
+        "launcher's health watch then knows its silence is on purpose)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
         # Parents (hetero demo, tests, the launcher) read this line to learn the port.
         print(f"data server listening on {args.host}:{port}", flush=True)
 
+    def stopped(port: int) -> None:
+        if args.outcome_dir is not None:
+            mark_server_stopped(Path(args.outcome_dir), port)
+
     try:
         return serve(
             spec,
@@ -90,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             memory_mb=args.memory_mb,
             max_images_per_s=max_images_per_s,
             on_listening=announce,
+            on_stopped=stopped,
         )
     except (ValueError, OSError) as e:
         print(f"hetero serve: {e}", file=sys.stderr)

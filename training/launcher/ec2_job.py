@@ -60,6 +60,7 @@ from training.common.outcome import (
     EXIT_STOPPED,
     Outcome,
     not_retried,
+    server_stopped,
 )
 from training.common.s3 import is_s3_uri
 from training.launcher import backstop, job_end, roles
@@ -336,7 +337,11 @@ class Ec2Job:
         trainer = plan.role is Role.TRAINER
         hang = self._hang_watch() if trainer else None
         with (
-            ServerWatch(plan.serves, bound_s=self.settings.silent_after) as servers,
+            ServerWatch(
+                plan.serves,
+                bound_s=self.settings.silent_after,
+                stopped=lambda address: server_stopped(self.outcome_dir, address),
+            ) as servers,
             Supervisor(grace_s=self.settings.grace_s, subreaper=self.settings.subreaper) as sup,
             self.watches.heartbeat(self.settings.heartbeat_s, members, hang or servers),
             self.signals.attached(sup),
@@ -362,13 +367,16 @@ class Ec2Job:
         if found is not None:
             outcome, reason = Outcome.FAILED, found.reason()
             save_hang(found, self.run_dir, self.record, self.instance_id)
-        if servers.found is not None:
-            outcome, reason = Outcome.FAILED, servers.found
+        # The watch's verdict counts when it ended the server (killed: a non-zero code); a server
+        # that exited 0 as the verdict came finished on its own.
+        not_answering = servers.found if any(c != 0 for c in codes) else None
+        if not_answering is not None:
+            outcome, reason = Outcome.FAILED, not_answering
         if self.watches.ended is None:  # else the job's end (``_end``) is this host's last state
             self.host.set(state=f"generation-{outcome.value}", reason=reason)
         final = not_retried(ended.ranks) if outcome is Outcome.FAILED else None
         for_good = final.reason if final is not None else None
-        return GenerationResult(outcome, reason, found, servers.found, for_good)
+        return GenerationResult(outcome, reason, found, not_answering, for_good)
 
     # -- hangs -------------------------------------------------------------------------------
 

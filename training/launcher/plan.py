@@ -145,7 +145,9 @@ def make_plan(
             (
                 f"data-server-{i}",
                 roles.RoleCommand(
-                    roles.data_server_command(spec_path=spec_path, port=base + i, host=host).argv,
+                    roles.data_server_command(
+                        spec_path=spec_path, port=base + i, host=host, outcome_dir=outcome_dir
+                    ).argv,
                     env,
                 ),
             )

@@ -97,19 +97,13 @@ def data_server_command(
     spec_path: str | Path,
     port: int,
     host: str = "0.0.0.0",
+    outcome_dir: str | Path | None = None,
     python: str = sys.executable,
 ) -> RoleCommand:
-    """``hetero serve`` on ``host:port`` (all interfaces by default: trainers connect remotely)."""
-    argv = (
-        python,
-        "-m",
-        "training.cli",
-        "serve",
-        "--spec",
-        str(spec_path),
-        "--port",
-        str(port),
-        "--host",
-        host,
-    )
-    return RoleCommand(argv, {})
+    """``hetero serve`` on ``host:port`` (all interfaces by default: trainers connect remotely);
+    ``outcome_dir`` receives its ``server-<PORT>.stopped`` (``training.common.outcome``)."""
+    argv = [python, "-m", "training.cli", "serve", "--spec", str(spec_path)]
+    argv += ["--port", str(port), "--host", host]
+    if outcome_dir is not None:
+        argv += ["--outcome-dir", str(outcome_dir)]
+    return RoleCommand(tuple(argv), {})

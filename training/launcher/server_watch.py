@@ -10,9 +10,12 @@ gRPC health check (``training.dataplane.health``), over the same address the tra
 server that has not answered ``SERVING`` (or, at its stream limit, ``RESOURCE_EXHAUSTED``) for
 ``bound_s`` (the silent-host bound, ``LoopSettings.silent_after``) since its last answer is not
 answering: ``check`` returns the reason, and ``ec2_job`` ends the generation and takes the host
-out as it would a silent one. Before its first answer a server is starting (importing, reading
-its dataset's index), which may take much longer on a busy host: it gets ``STARTUP_BOUNDS`` times
-``bound_s``, at least ``STARTUP_FLOOR_S``, from the generation's start.
+out as it would a silent one. A server that said it stopped on request (``stopped(address)``:
+its ``server-<PORT>.stopped``, ``training.common.outcome``) is not judged: the job's Shutdown
+closed its port, and its process may take a while to exit. Before its first answer a server is
+starting (importing, reading its dataset's index), which may take much longer on a busy host: it
+gets ``STARTUP_BOUNDS`` times ``bound_s``, at least ``STARTUP_FLOOR_S``, from the generation's
+start.
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ class ServerWatch:
         addresses: Sequence[str],
         *,
         bound_s: float,
+        stopped: Callable[[str], bool] = lambda address: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bound_s = bound_s
+        self.stopped = stopped
         self.clock = clock
         started = clock()
         self.channels = {a: _channel(a) for a in addresses}
@@ -83,6 +88,8 @@ class ServerWatch:
                 self.problems.pop(address, None)
                 continue
             self.problems[address] = problem
+            if self.stopped(address):
+                continue  # on request: its silence is the job's end, not a fault
             # A channel whose connection failed waits out gRPC's reconnect backoff (growing to
             # two minutes) before it tries again: the next check gets a fresh one, which
             # connects at once (a server that started meanwhile is seen).
