@@ -510,13 +510,15 @@ def test_a_host_frozen_in_two_generations_in_a_row_takes_itself_out(
     assert record.outcome() is None
 
 
-# A data server stand-in: the standard health service, SERVING, then SIGSTOPped by itself (alive,
-# silent), as a wedged `hetero serve`.
-FROZEN_SERVER = r"""
-import os, signal, sys
+# A data server stand-in: the standard health service, SERVING for a second, then what each test
+# adds (sys.argv: the address, the outcome folder).
+HEALTH_SERVER = r"""
+import os, signal, sys, time
 from concurrent import futures
+from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from training.common.outcome import mark_server_stopped
 from training.dataplane.rpc import SERVICE_NAME
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
 servicer = health.HealthServicer()
@@ -524,31 +526,37 @@ health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
 servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
 server.add_insecure_port(sys.argv[1])
 server.start()
-import time
 time.sleep(1.0)
-os.kill(os.getpid(), signal.SIGSTOP)
 """
+FROZEN_SERVER = HEALTH_SERVER + "os.kill(os.getpid(), signal.SIGSTOP)\n"
+"""SIGSTOPped by itself (alive, silent), as a wedged `hetero serve`."""
+STOPPING_SERVER = HEALTH_SERVER + (
+    "server.stop(0).wait()\n"
+    "mark_server_stopped(Path(sys.argv[2]), int(sys.argv[1].rsplit(':', 1)[1]))\n"
+    "time.sleep(5.0)\n"
+)
+"""Stopped on request as `hetero serve` stops after the job's Shutdown (its port closed,
+``server-<PORT>.stopped`` written), then an exit that takes longer than the silent-host bound (a
+slow teardown on a busy host), code 0."""
 
 
-def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
-    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
-) -> None:
-    """Its launcher writes on (not silent), its server does not answer the health check for
-    the silent-host bound: the generation is killed, the host marks itself Unhealthy, is
-    recorded as evicted and leaving, and leaves at its termination."""
+def dataprep_job(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds, server: str
+) -> tuple[Ec2Job, str]:
+    """The dataprep instance's job with one data server, ``server`` (a script above) at a free
+    address, a silent-host bound of 3 s; the job and the address."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
-    iid = cluster["dataprep_instance_id"]
     identity = GroupIdentity(
-        "dataprep", GroupSource.EC2, host="127.0.0.1", instance_id=iid, region=REGION,
-        cluster="one",
+        "dataprep", GroupSource.EC2, host="127.0.0.1", instance_id=cluster["dataprep_instance_id"],
+        region=REGION, cluster="one",
     )  # fmt: skip
 
     def plan_for(found: Peers, port: int, outcome_dir: str) -> LaunchPlan:
-        argv = (sys.executable, "-c", FROZEN_SERVER, address)
+        argv = (sys.executable, "-c", server, address, outcome_dir)
         return LaunchPlan(
             backend=Backend.EC2, identity=identity, role=Role.DATAPREP, peers=found,
             commands=(("data-server-0", RoleCommand(argv, {})),), serves=(address,),
@@ -566,6 +574,17 @@ def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
         asg_names=cluster["names"],
     )  # fmt: skip
     fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
+    return job, address
+
+
+def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
+    cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
+) -> None:
+    """Its launcher writes on (not silent), its server does not answer the health check for
+    the silent-host bound: the generation is killed, the host marks itself Unhealthy, is
+    recorded as evicted and leaving, and leaves at its termination."""
+    job, address = dataprep_job(cluster, tmp_path, fake_imds, FROZEN_SERVER)
+    iid = cluster["dataprep_instance_id"]
     terminate_when_taken_out(fake_imds, iid)
     started = time.monotonic()
     assert job.run() == EXIT_STOPPED
@@ -585,30 +604,6 @@ def test_a_data_server_that_stops_answering_is_taken_out_by_its_own_launcher(
     ]
 
 
-# A data server stand-in at the job's end: SERVING, then stopped on request as `hetero serve`
-# stops after the Shutdown RPC (its port closed, ``server-<PORT>.stopped`` written), then an exit
-# that takes longer than the silent-host bound (a slow teardown on a busy host), exit code 0.
-STOPPING_SERVER = r"""
-import sys, time
-from concurrent import futures
-from pathlib import Path
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from training.common.outcome import mark_server_stopped
-from training.dataplane.rpc import SERVICE_NAME
-server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-servicer = health.HealthServicer()
-health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-server.add_insecure_port(sys.argv[1])
-server.start()
-time.sleep(1.0)
-server.stop(0).wait()
-mark_server_stopped(Path(sys.argv[2]), int(sys.argv[1].rsplit(":", 1)[1]))
-time.sleep(5.0)
-"""
-
-
 def test_a_data_server_stopped_on_request_is_not_taken_out_while_it_exits(
     cluster: dict[str, Any], tmp_path: Path, fake_imds: FakeImds
 ) -> None:
@@ -616,37 +611,9 @@ def test_a_data_server_stopped_on_request_is_not_taken_out_while_it_exits(
     the silent-host bound. Its launcher does not take that silence for a fault: the server said
     it stopped (``server-<PORT>.stopped`` in the outcome folder), so nobody is taken out and the
     generation ends as the server's exit says."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    job, _ = dataprep_job(cluster, tmp_path, fake_imds, STOPPING_SERVER)
     iid = cluster["dataprep_instance_id"]
-    identity = GroupIdentity(
-        "dataprep", GroupSource.EC2, host="127.0.0.1", instance_id=iid, region=REGION,
-        cluster="one",
-    )  # fmt: skip
-
-    def plan_for(found: Peers, port: int, outcome_dir: str) -> LaunchPlan:
-        argv = (sys.executable, "-c", STOPPING_SERVER, address, outcome_dir)
-        return LaunchPlan(
-            backend=Backend.EC2, identity=identity, role=Role.DATAPREP, peers=found,
-            commands=(("data-server-0", RoleCommand(argv, {})),), serves=(address,),
-        )  # fmt: skip
-
-    settings = LoopSettings(
-        restart_budget=2, restart_backoff_s=0.05, peer_timeout_s=20, poll_s=0.1,
-        spot_poll_s=0.1, grace_s=5, imds_url=fake_imds.url, imds_timeout_s=1.0,
-        subreaper=False, heartbeat_s=0.3, silent_after_s=3.0,
-    )  # fmt: skip
     record = JobRecord(URI)
-    job = Ec2Job(
-        cluster["spec"], identity=identity, settings=settings, plan_for=plan_for,
-        environ={"HETERO_LIFECYCLE_HOOK": "hetero-checkpoint"}, run_dir=tmp_path / "run",
-        ec2=cluster["ec2"], autoscaling=cluster["asg"], record=record,
-        asg_names=cluster["names"],
-    )  # fmt: skip
-    fake_imds.set(TARGET_LIFECYCLE_PATH, "InService")
     stopped = tmp_path / "run"
 
     def end_the_job_once_the_server_stopped() -> None:  # as the trainers do after Shutdown
