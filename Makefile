@@ -46,14 +46,13 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The tests run on every core (pytest-xdist), handed out one at a time to the worker that is free,
-# the longest first (tests/conftest.py's SLOW_FIRST). The tests marked alone run after, on a
-# quiet machine, collected from the files that have them only (collecting every test file takes
-# ~15 s); both runs share HETERO_TEST_SHARED
+# The tests run on every core (pytest-xdist); tests/conftest.py starts the longest first. The
+# tests marked alone run after, on a quiet machine, collected from the files that have them only
+# (collecting every test file takes ~15 s); both runs share HETERO_TEST_SHARED
 # (tests/made_once.py: the rehearsal baseline is made once).
 test: install-dev lint
 	shared=$$(mktemp -d) && trap 'rm -rf "$$shared"' EXIT && \
-	HETERO_TEST_SHARED=$$shared $(BIN)/pytest -n auto --dist load --maxschedchunk 1 --durations=10 -m "not alone and not image" && \
+	HETERO_TEST_SHARED=$$shared $(BIN)/pytest -n auto --dist worksteal --durations=10 -m "not alone and not image" && \
 	HETERO_TEST_SHARED=$$shared $(BIN)/pytest --durations=3 -m alone \
 		$$(grep -rl --include='*.py' 'pytest.mark.alone' tests)
 
@@ -76,7 +75,7 @@ image-test: install-dev
 # generated IAM section of docs/security.md from it (tests/aws_calls.py, tests/infra/iam_docs.py).
 aws-calls: install-dev
 	echo '[]' > tests/aws_calls.json
-	HETERO_UPDATE_AWS_CALLS=1 $(BIN)/pytest -n auto --dist load --maxschedchunk 1 -m aws_calls -p no:cacheprovider
+	HETERO_UPDATE_AWS_CALLS=1 $(BIN)/pytest -n auto --dist worksteal -m aws_calls -p no:cacheprovider
 	$(BIN)/python tests/infra/iam_docs.py
 
 proto: install

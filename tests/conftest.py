@@ -34,43 +34,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 SLOW_FIRST = (
-    # The rehearsals' uninterrupted baseline is made by the first test that asks for it
-    # (tests/made_once.py, under a file lock): one worker starts with it, and the other with
-    # tests that need no baseline, so that it never waits on the lock.
-    "tests/rehearsal/test_rehearse_silent.py::test_launchers_gone_for_good",
-    "tests/rehearsal/test_rehearse_silent.py::test_a_frozen_rendezvous_host",
-    "tests/trainer/test_learns_real_images.py",
-    "tests/infra/test_security_mutants.py",
-    "tests/trainer/test_benchmarks.py",
     "tests/rehearsal/test_rehearse_silent.py",
     "tests/rehearsal/test_rehearse_e2e.py",
     "tests/rehearsal/test_rehearse_budget.py",
-    "tests/dataplane/test_churn.py",
-    "tests/trainer/test_remote.py",
+    "tests/trainer/test_recipe.py",
+    "tests/trainer/test_learns_real_images.py",
+    "tests/infra/test_security_mutants.py",
+    "tests/launcher/test_local_elastic.py",
     "tests/launcher/test_launcher_local_run.py",
     "tests/launcher/test_sagemaker_run.py",
-    "tests/trainer/test_checkpoint_s3.py",
     "tests/dataplane/test_shards_over_s3.py",
-    "tests/test_benchmarks_per_core.py",
-    "tests/test_benchmarks_planner.py",
+    "tests/trainer/test_checkpoint_s3.py",
+    "tests/trainer/test_remote.py",
     "tests/trainer/test_distributed.py",
-    "tests/trainer/test_recipe.py",
-    "tests/launcher/test_local_elastic.py",
+    "tests/test_benchmarks_planner.py",
+    "tests/trainer/test_benchmarks.py",
 )
-"""Tests of a minute or more (a file, or a file's tests whose names start so), the slowest first
-(measured with ``--durations``). `make test` hands the tests out one at a time, in this order,
-to whichever worker is free (pytest-xdist's ``--dist load --maxschedchunk 1``): the longest
-start first and the short ones fill in around them at the end. (Work stealing splits the list in
-halves at the start instead: one worker got every long test, and the run ended with one core
-idle beside it.)"""
-
-
-def slow_rank(nodeid: str) -> int:
-    """Where a test goes in `make test`'s order: the first ``SLOW_FIRST`` entry it falls under,
-    everything else after them."""
-    return next(
-        (i for i, prefix in enumerate(SLOW_FIRST) if nodeid.startswith(prefix)), len(SLOW_FIRST)
-    )
+"""Test files of a minute or more, the slowest first (measured with ``--durations``). `make test`
+runs the suite on every core (pytest-xdist, work stealing): the longest start first, so the
+others fill in around them instead of leaving one core alone with a long test at the end."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -80,8 +62,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "record_aws_calls" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.aws_calls)
 
-    # Stable: the order inside a file, and of the other files, stays.
-    items.sort(key=lambda item: slow_rank(item.nodeid))
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the order inside a file, and of the other files, stays
 
 
 def _is_own_helper(proc: psutil.Process) -> bool:
