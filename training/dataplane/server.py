@@ -595,9 +595,9 @@ def serve(
     on_stopped: Callable[[int], None] | None = None,
 ) -> int:
     """Run a data server for ``spec`` until Shutdown RPC, SIGTERM or SIGINT; return 0 when it
-        stopped gracefully. ``workers`` and ``memory_mb`` (the memory budget for batches in flight;
-        0: derived from the host's memory) override the spec; ``max_images_per_s`` throttles the
-        server (``create_server``). ``on_listening(port)`` is called once it accepts requests, and
+    stopped gracefully. ``workers`` and ``memory_mb`` (the memory budget for batches in flight;
+    0: derived from the host's memory) override the spec; ``max_images_per_s`` throttles the
+    server (``create_server``). ``on_listening(port)`` is called once it accepts requests, and
     ``on_stopped(port)`` once it no longer does, before its batch source closes."""
     if max_images_per_s is not None:
         max_images_per_s = check_images_per_s(max_images_per_s)

@@ -41,10 +41,12 @@ def run_role(
     (``wait``, by default ``Supervisor.run_until_done``) and log each exit, prefixed by
     ``label``. ``trainer_ranks``: the commands are a trainer's with this many ranks per host: the
     stop goes to its ranks (``Child.send_stop``), and their outcome files in ``outcome_dir`` are
-    cleared before the start and read after the end (their progress files too: cleared)."""
+    read after the end (their progress files: cleared before the start). Every role's outcome
+    files are cleared before the start: a data server's ``server-<PORT>.stopped`` from an earlier
+    generation must not hide this one's server from its health watch."""
     trainer = trainer_ranks is not None
+    clear_outcomes(outcome_dir)
     if trainer:
-        clear_outcomes(outcome_dir)
         clear_progress(outcome_dir)
     children = [
         sup.start(name, cmd.argv, env={**env, **cmd.env}, stop_workers=trainer)
