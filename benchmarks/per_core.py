@@ -12,15 +12,18 @@ servers decode large JPEGs at reduced size and the plain loop does not). For eac
   RGB as timm's ``ImageDataset`` does (``Image.open(...).convert("RGB")``), then the same timm
   transform the servers build (``build_transform``: timm's ``create_transform``), to a uint8
   array; images per CPU-second of this process;
+- **worker's code**: what a server's augmentation worker runs on each part (``augment_samples``
+  over the folder, into one batch array), in this process on the same core: the server's path
+  before its hand-off and gRPC;
 - **server**: one ``hetero serve`` process with one augmentation worker pinned to that core,
   streaming ``--batches`` timed batches to a client on another core
   (``training.planner.bench.measure_dataprep``, what ``hetero bench --only dataprep`` runs);
   images per CPU-second of the server's whole process tree (gRPC, the worker, the hand-off).
 
-The ratio is server / loop per round; the median per recipe is the result. Prints a table and
-writes ``benchmarks/results/per_core.json`` with the machine. Two photographs are not a dataset:
-decode cost varies with content, so the absolute rates speak for these images; the ratio compares
-the two paths on the same bytes.
+The ratio is server / loop per round (and worker's code / loop); the median per recipe is the
+result. Prints a table and writes ``benchmarks/results/per_core.json`` with the machine. Two
+photographs are not a dataset: decode cost varies with content, so the absolute rates speak for
+these images; the ratio compares the paths on the same bytes.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ import sklearn.datasets
 from PIL import Image
 
 from benchmarks.trainer_common import print_table, report, spec_data, write_spec
+from training.data.augment import augment_samples
+from training.data.datasets import FolderImages
 from training.data.transforms import build_transform
 from training.planner.bench import measure_dataprep, pinned
 from training.spec import AugmentationSpec, Recipe, load_spec
@@ -90,6 +95,28 @@ def plain_loop(files: Sequence[Path], recipe: Recipe, size: int, images: int) ->
         torch.set_num_threads(threads)
 
 
+def worker_code(root: Path, recipe: Recipe, size: int, images: int, batch: int) -> float:
+    """Images per CPU-second of the code a server's augmentation worker runs on each part
+    (``augment_samples`` over the folder, into one batch array), here in this process: what
+    the server's path costs before its hand-off and gRPC."""
+    import torch
+
+    source = FolderImages(root)
+    transform = build_transform(AugmentationSpec(preset=recipe), size)
+    out = np.empty((batch, 3, size, size), dtype=np.uint8)
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        started = time.process_time()
+        for first in range(0, images, batch):
+            indices = [i % len(source) for i in range(first, first + batch)]
+            augment_samples(source, transform, indices, size, out)
+        return images / (time.process_time() - started)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[str, float]]:
     data = spec_data(
         name="per-core", model="vit_tiny_patch16_224", image_size=args.size,
@@ -104,13 +131,17 @@ def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[s
     others = sorted(set(os.sched_getaffinity(0)) - {args.core}) or [args.core]
     rounds = []
     for r in range(args.rounds):
+        images = args.batches * args.batch
         with pinned([args.core]):
-            loop = plain_loop(files, recipe, args.size, args.batches * args.batch)
+            loop = plain_loop(files, recipe, args.size, images)
+            worker = worker_code(root, recipe, args.size, images, args.batch)
         server = measure_dataprep(spec_path, spec, [args.core], args.batches, others)
         row = {
             "loop": loop,
+            "worker_code": worker,
             "server": server.images_per_s_per_vcpu,
             "ratio": server.images_per_s_per_vcpu / loop,
+            "worker_code_ratio": worker / loop,
         }
         print(f"{recipe.value} round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
         rounds.append(row)
@@ -142,16 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             rounds = measure(args, root, recipe)
             results[recipe.value] = {
                 "rounds": rounds,
-                "loop": statistics.median(r["loop"] for r in rounds),
-                "server": statistics.median(r["server"] for r in rounds),
-                "ratio": statistics.median(r["ratio"] for r in rounds),
+                **{k: statistics.median(r[k] for r in rounds) for k in rounds[0]},
             }
     shown = "" if args.upscale == 1 else f", the photographs x{args.upscale} a side"
     print_table(
         f"images per CPU-second on one core, {args.size} px{shown}, median of {args.rounds} rounds",
-        ["recipe", "plain timm loop", "data server", "server / loop"],
+        ["recipe", "plain timm loop", "worker's code", "data server", "server / loop"],
         [
-            (name, f"{r['loop']:.0f}", f"{r['server']:.0f}", f"{r['ratio']:.2f}")
+            (name, *(f"{r[k]:.0f}" for k in ("loop", "worker_code", "server")), f"{r['ratio']:.2f}")
             for name, r in results.items()
         ],
         left=1,

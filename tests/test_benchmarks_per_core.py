@@ -28,10 +28,12 @@ def test_a_short_run_measures_the_loop_and_the_server_on_one_core(tmp_path: Path
     assert result["settings"]["photos"] == ["china.jpg", "flower.jpg"]
     assert result["settings"]["source_bytes"] == 4 * (196653 + 142987)  # the two JPEGs, 4 each
     (round_,) = result["recipes"]["standard"]["rounds"]
-    assert round_["loop"] > 0 and round_["server"] > 0
+    assert round_["loop"] > 0 and round_["server"] > 0 and round_["worker_code"] > 0
     assert round_["ratio"] == pytest.approx(round_["server"] / round_["loop"])
+    assert round_["worker_code_ratio"] == pytest.approx(round_["worker_code"] / round_["loop"])
     assert result["meets_target"] == (round_["ratio"] >= 1.0)
-    assert "server / loop" in done.stdout and result["machine"]["cpu_cores"] >= 2
+    assert "server / loop" in done.stdout and "worker's code" in done.stdout
+    assert result["machine"]["cpu_cores"] >= 2
 
 
 def test_upscale_writes_the_photographs_enlarged_as_jpegs(

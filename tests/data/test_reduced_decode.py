@@ -15,7 +15,7 @@ import sklearn.datasets
 import torch
 from PIL import Image
 
-from training.data.augment import augment_sample
+from training.data.augment import augment_sample, augment_samples
 from training.data.batch import Unreadable
 from training.data.decode import decode_image
 from training.data.reduced_decode import ReducedDecodeTransform, decode_for
@@ -94,12 +94,19 @@ def test_an_image_under_twice_the_output_is_timms_own_byte_for_byte(recipe: Reci
     transform = build_transform(recipe, SIZE)
     assert isinstance(transform, ReducedDecodeTransform)
     data = PHOTO.read_bytes()  # 427 px high: under 2 x 224, so no crop can be reduced
-    assert decode_for(data, transform)[1] is None
+    heights = []
     for k in range(8):
         expected = timm_path(transform, data, k)
         after = rngs()
         assert torch.equal(ours(transform, data, k), expected), k
         assert rngs() == after  # the same draws, in the same order
+        seed(k)
+        image, plan = decode_for(data, transform)
+        assert plan is not None and plan.reduction == 1
+        # china.jpg is 4:4:4: its MCU rows are 8 pixels high, and two more are decoded.
+        assert image.height == min(427, plan.top + plan.height + 16)
+        heights.append(image.height)
+    assert min(heights) < 427  # some crops end high enough for the decode to stop early
 
 
 @pytest.mark.parametrize("recipe", [Recipe.STANDARD, Recipe.RANDAUGMENT])
@@ -128,7 +135,9 @@ def test_a_crop_too_small_to_reduce_is_cut_from_the_full_decode_as_timm_cuts_it(
     data = photo(2)
     seed(0)
     image, plan = decode_for(data, transform)
-    assert plan is not None and plan.reduction == 1 and image.size == (1280, 854)
+    assert plan is not None and plan.reduction == 1
+    # Decoded down to the crop's end and two MCU rows more (16 pixels each: PIL writes 4:2:0).
+    assert image.size == (1280, plan.top + plan.height + 32)
     for k in range(6):
         assert torch.equal(ours(transform, data, k), timm_path(transform, data, k)), k
 
@@ -149,3 +158,25 @@ def test_a_large_jpeg_that_does_not_decode_takes_no_draws() -> None:
     assert isinstance(skipped, Unreadable) and skipped.name == "blob-0"
     assert skipped.reason.startswith("not a readable image: corrupt or truncated")
     assert rngs() == before  # the next sample sees the draws it saw before
+
+
+@pytest.mark.parametrize("recipe", [Recipe.STANDARD, Recipe.RANDAUGMENT])
+def test_a_batch_holds_what_the_transform_makes_of_each_readable_image(recipe: Recipe) -> None:
+    """The batch path writes each image into the batch itself (``finish_into``): the same bytes
+    as timm's tensor, sample after sample on the same draws."""
+    transform = build_transform(recipe, SIZE)
+    # A JPEG decoded down to its crop, a PNG decoded whole, a file that is no image, and a
+    # large JPEG decoded at reduced size or down to its crop, by the draws.
+    blobs = Blobs(PHOTO.read_bytes(), photo(1, "PNG"), b"not an image", photo(2))
+    indices = [0, 1, 2, 3, 0, 3]
+    seed(7)
+    batch = augment_samples(blobs, transform, indices, SIZE)
+    assert batch.sample_ids.tolist() == [0, 1, 3, 0, 3]
+    assert [u.name for u in batch.skipped] == ["blob-2"]
+    seed(7)
+    one_by_one = [augment_sample(blobs, i, transform) for i in indices]
+    tensors = [t for t in one_by_one if isinstance(t, torch.Tensor)]
+    assert np.array_equal(batch.pixels, torch.stack(tensors).numpy())
+    seed(7)  # and where nothing is reduced, timm's own transform on the full decode
+    assert np.array_equal(batch.pixels[0], transform(decode_image(blobs.read(0))).numpy())
+    assert np.array_equal(batch.pixels[1], transform(decode_image(blobs.read(1))).numpy())

@@ -1,6 +1,6 @@
 """Read, decode and augment samples into one uint8 NCHW array; unreadable samples are skipped
-and reported by name (``Unreadable``). A large JPEG is decoded at reduced size where the training
-crop allows it (``training/data/reduced_decode.py``)."""
+and reported by name (``Unreadable``). A JPEG is decoded only down to its training crop's last
+row, and at reduced size where the crop allows it (``training/data/reduced_decode.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ from training.data.batch import Unreadable
 from training.data.datasets import ImageSource
 from training.data.decode import CANNOT_READ, DECODE_ERRORS, decode_image, decode_problem
 from training.data.names import shown_text
-from training.data.reduced_decode import decode_for, transform_decoded
+from training.data.reduced_decode import (
+    CropPlan,
+    decode_for,
+    transform_decoded,
+    transform_decoded_into,
+)
 from training.data.transforms import Transform
 
 log = logging.getLogger(__name__)
@@ -57,14 +62,34 @@ def augment_sample(
 ) -> torch.Tensor | Unreadable:
     """Sample ``index`` through ``transform`` (uint8 [3, S, S]), decoded at reduced size where
     the transform's crop allows it; or why it cannot be read or decoded, as ``load_image``."""
+    decoded = _decoded(source, index, transform)
+    if isinstance(decoded, Unreadable):
+        return decoded
+    return transform_decoded(transform, *decoded)
+
+
+def augment_into(
+    source: ImageSource, index: int, transform: Transform, out: np.ndarray
+) -> Unreadable | None:
+    """``augment_sample`` written into ``out`` (uint8 [3, S, S]): None once written, else why
+    the sample cannot be read or decoded (``out`` then untouched)."""
+    decoded = _decoded(source, index, transform)
+    if isinstance(decoded, Unreadable):
+        return decoded
+    transform_decoded_into(transform, *decoded, out)
+    return None
+
+
+def _decoded(
+    source: ImageSource, index: int, transform: Transform
+) -> tuple[Image.Image, CropPlan | None] | Unreadable:
     data = _read(source, index)
     if isinstance(data, Unreadable):
         return data
     try:
-        image, plan = decode_for(data, transform)
+        return decode_for(data, transform)
     except DECODE_ERRORS as e:
         return _undecodable(source, index, data, e)
-    return transform_decoded(transform, image, plan)
 
 
 def _read(source: ImageSource, index: int) -> bytes | Unreadable:
@@ -111,11 +136,10 @@ def augment_samples(
     skipped: list[Unreadable] = []
     n = 0
     for index in indices:
-        image = augment_sample(source, index, transform)
-        if isinstance(image, Unreadable):
-            skipped.append(image)
+        problem = augment_into(source, index, transform, pixels[n])
+        if problem is not None:
+            skipped.append(problem)
             continue
-        pixels[n] = image.numpy()
         labels[n] = source.label(index)
         ids[n] = index
         n += 1
