@@ -120,7 +120,9 @@ def test_five_crashes_and_a_hung_rank_with_checkpoints_between_them_do_not_end_t
         assert [(r["asked"], r["answered"]) for r in hangs[peer]["ranks"]] == [(True, True)], hangs
     hang = hangs[key]
     assert hang["reason"].startswith("hung: no training progress for "), hang
-    assert hang["limit_s"] == 30.0 and hang["silent_s"] >= 30.0
+    # The limit is the larger of the floor (30 s here) and a multiple of the median step time,
+    # which a loaded machine can push above the floor.
+    assert hang["limit_s"] >= 30.0 and hang["silent_s"] >= hang["limit_s"], hang
     (rank,) = hang["ranks"]
     assert (rank["rank"], rank["phase"]) == (1, "train") and 4 <= rank["step"] < 11, rank
     assert (rank["asked"], rank["answered"], rank["process"]) == (True, False, "stopped"), rank
