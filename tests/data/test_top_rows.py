@@ -103,3 +103,20 @@ def test_a_file_that_cannot_be_cut_short_safely_is_decoded_whole() -> None:
     assert not decode_only_top(open_image(png.getvalue()), png.getvalue(), 10)
     assert frame_header(b"\xff\xd8\xff\xe0\x00") is None
     assert frame_header(b"\xff\xd8\x00\x00\x00\x00") is None
+
+
+@pytest.mark.parametrize("variant", ["4:2:0", "progressive"])
+def test_the_decoder_gets_the_whole_file_in_one_read_and_makes_the_same_pixels(
+    variant: str,
+) -> None:
+    """``open_image`` hands the decoder every byte at once (not PIL's 64 KiB reads): the same
+    pixels as PIL's own decode, at full size and only down to the top rows."""
+    data = encoded(variant)
+    assert len(data) > 2 * 65536  # more than PIL's reads would take in one
+    image = open_image(data)
+    assert image.decodermaxblock >= len(data)
+    with Image.open(io.BytesIO(data)) as plain:
+        expected = np.asarray(plain.convert("RGB"))
+    assert np.array_equal(decoded(data), expected)
+    top = decoded(data, needed=300)
+    assert np.array_equal(top[:300], expected[:300])

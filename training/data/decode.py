@@ -42,6 +42,9 @@ def open_image(data: bytes) -> Image.Image:
             f"{image.width}x{image.height} is {image.width * image.height} pixels, more than "
             f"the {MAX_PIXELS} a data server decodes"
         )
+    # The bytes are in memory: the decoder gets them in one call, not PIL's 64 KiB reads (each
+    # one more call and a concatenation; 1.5-2.5 % of a 640 x 427 JPEG's decode).
+    image.decodermaxblock = max(len(data), image.decodermaxblock)
     return image
 
 
