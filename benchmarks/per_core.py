@@ -24,6 +24,11 @@ The ratio is server / loop per round (and worker's code / loop); the median per 
 result. Prints a table and writes ``benchmarks/results/per_core.json`` with the machine. Two
 photographs are not a dataset: decode cost varies with content, so the absolute rates speak for
 these images; the ratio compares the paths on the same bytes.
+
+``--store benchmarks/results/throughput.json`` also merges each recipe's server figure (the
+median round's: images per vCPU, the client's receive cost) into the results store, the entry
+``hetero bench --only dataprep`` writes, so ``hetero plan`` sizes the data tier from a whole
+server on real JPEGs at this image size.
 """
 
 from __future__ import annotations
@@ -47,10 +52,18 @@ from benchmarks.trainer_common import print_table, report, spec_data, write_spec
 from training.data.augment import augment_samples
 from training.data.datasets import FolderImages
 from training.data.transforms import build_transform
-from training.planner.bench import measure_dataprep, pinned
+from training.planner.bench import (
+    DataprepFigure,
+    common_fields,
+    dataprep_record,
+    measure_dataprep,
+    merge,
+    pinned,
+)
 from training.spec import AugmentationSpec, Recipe, load_spec
 
 TARGET = 1.0
+SOURCE = "python -m benchmarks per_core"
 PHOTOS = ("china.jpg", "flower.jpg")
 
 
@@ -117,7 +130,11 @@ def worker_code(root: Path, recipe: Recipe, size: int, images: int, batch: int) 
         torch.set_num_threads(threads)
 
 
-def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[str, float]]:
+def measure(
+    args: argparse.Namespace, root: Path, recipe: Recipe
+) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """The rounds' figures, and the results store's data-server entry of the round whose server
+    rate is the median (``hetero bench``'s entry, measured here)."""
     data = spec_data(
         name="per-core", model="vit_tiny_patch16_224", image_size=args.size,
         batch_size=args.batch, steps=1, dataprep={"count": 1},
@@ -129,7 +146,7 @@ def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[s
     spec = load_spec(spec_path)
     files = sorted(root.rglob("*.jpg"))
     others = sorted(set(os.sched_getaffinity(0)) - {args.core}) or [args.core]
-    rounds = []
+    rounds, figures = [], []
     for r in range(args.rounds):
         images = args.batches * args.batch
         with pinned([args.core]):
@@ -145,7 +162,12 @@ def measure(args: argparse.Namespace, root: Path, recipe: Recipe) -> list[dict[s
         }
         print(f"{recipe.value} round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
         rounds.append(row)
-    return rounds
+        figures.append(server)
+    median: DataprepFigure = sorted(figures, key=lambda f: f.images_per_s_per_vcpu)[
+        (len(figures) - 1) // 2
+    ]
+    common = common_fields(spec, None, SOURCE)
+    return rounds, dataprep_record(spec, median, [args.core], common)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,14 +185,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "servers decode at reduced size (training/data/reduced_decode.py); results then go to "
         "per_core_x<N>.json",
     )  # fmt: skip
+    parser.add_argument(
+        "--store", type=Path, default=None, metavar="PATH",
+        help="also merge each recipe's server figure (the median round's) into this results "
+        "store, as hetero bench --only dataprep would: benchmarks/results/throughput.json is "
+        "where hetero plan reads its data tier's rate",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     recipes = [Recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     results: dict[str, Any] = {}
+    entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="per-core-") as tmp:
         root = Path(tmp) / "photos"
         source_bytes = make_folder(root, args.images, args.upscale)
         for recipe in recipes:
-            rounds = measure(args, root, recipe)
+            rounds, entry = measure(args, root, recipe)
+            entries.append(entry)
             results[recipe.value] = {
                 "rounds": rounds,
                 **{k: statistics.median(r[k] for r in rounds) for k in rounds[0]},
@@ -189,9 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "target": f"server / loop >= {TARGET} for every recipe",
         "meets_target": meets,
-        "settings": {**vars(args), "photos": list(PHOTOS), "source_bytes": source_bytes},
+        "settings": {
+            **vars(args),
+            "store": None if args.store is None else str(args.store),
+            "photos": list(PHOTOS),
+            "source_bytes": source_bytes,
+        },
         "recipes": results,
     }
+    if args.store is not None:
+        merge(args.store, [], entries)
+        print(f"data server figures -> {args.store}")
     name = "per_core" if args.upscale == 1 else f"per_core_x{args.upscale}"
     return report(name, result, {"meets_target": meets, **{
         name: round(r["ratio"], 3) for name, r in results.items()

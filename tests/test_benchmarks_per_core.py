@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from training.planner.results import load_measured
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -19,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_short_run_measures_the_loop_and_the_server_on_one_core(tmp_path: Path) -> None:
     flags = ["--recipes", "standard", "--images", "8", "--batches", "3", "--batch", "8"]
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "per_core", *flags, "--rounds", "1"],
+        [sys.executable, "-m", "benchmarks", "per_core", *flags, "--rounds", "1",
+         "--store", str(tmp_path / "throughput.json")],
         cwd=REPO, env={**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)},
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -34,6 +37,14 @@ def test_a_short_run_measures_the_loop_and_the_server_on_one_core(tmp_path: Path
     assert result["meets_target"] == (round_["ratio"] >= 1.0)
     assert "server / loop" in done.stdout and "worker's code" in done.stdout
     assert result["machine"]["cpu_cores"] >= 2
+    # The server's figure went into the results store, where the planner reads it at 224 px.
+    measured = load_measured(tmp_path)
+    rate, px, source = measured.augment_rate("standard", 224)
+    assert (rate, px) == (round_["server"], 224)
+    assert source.startswith("measured by python -m benchmarks per_core on ")
+    (entry,) = json.loads((tmp_path / "throughput.json").read_text())["dataprep"]
+    assert (entry["recipe"], entry["dataset"], entry["server_workers"]) == ("standard", "folder", 1)
+    assert measured.receive_rate(224)[0] == entry["receive_images_per_s_per_vcpu"] > 0
 
 
 def test_upscale_writes_the_photographs_enlarged_as_jpegs(

@@ -168,22 +168,31 @@ def test_malformed_results_store_names_the_field(tmp_path: Path) -> None:
     assert read_throughput(tmp_path / "missing.json") == []
 
 
-def test_the_repository_benchmark_results_are_read_as_measured() -> None:
-    measured = load_measured(Path(__file__).resolve().parents[2] / "benchmarks" / "results")
-    data = json.loads(
-        (Path(__file__).resolve().parents[2] / "benchmarks/results/dataplane.json").read_text()
-    )
-    # At 224 px the figure measured at 224 px applies, not hetero bench's 64 px one.
-    rate, px, source = measured.augment_rate("standard", 224)
+def test_the_repository_benchmark_results_are_read_as_measured(tmp_path: Path) -> None:
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    measured = load_measured(results)
+    store = json.loads((results / "throughput.json").read_text())
+    # At 224 px hetero bench's newest 224 px row per recipe applies (the whole server on real
+    # JPEGs), not its 64 px ones, nor the benchmark outputs' figures.
+    for recipe in ("standard", "randaugment"):
+        row = [r for r in store["dataprep"] if (r["recipe"], r["image_size"]) == (recipe, 224)][-1]
+        rate, px, source = measured.augment_rate(recipe, 224)
+        assert (rate, px) == (row["images_per_s_per_vcpu"], 224), recipe
+        assert source == f"measured by {row['source']} on {row['device']} {row['date']}"
+    assert measured.receive_rate(224)[:2] == (row["receive_images_per_s_per_vcpu"], 224)
+    # Without the store, the benchmark outputs' 224 px figures apply.
+    for name in ("dataplane.json", "checkpoint.json"):
+        (tmp_path / name).write_text((results / name).read_text())
+    alone = load_measured(tmp_path)
+    data = json.loads((results / "dataplane.json").read_text())
+    rate, px, source = alone.augment_rate("standard", 224)
     assert rate == pytest.approx(1000 / data["local_augmentation"]["cpu_s_per_1000_images"])
     assert (px, source) == (224, "measured (benchmarks/results/dataplane.json)")
     # Likewise the receive cost: the 224 px transport measurement, not a smaller size's.
-    receive = measured.receive_rate(224)
+    receive = alone.receive_rate(224)
     assert receive[0] == pytest.approx(1000 / data["transport"]["client_cpu_s_per_1000_images"])
     assert receive[1:] == (224, "measured (benchmarks/results/dataplane.json)")
-    checkpoint = json.loads(
-        (Path(__file__).resolve().parents[2] / "benchmarks/results/checkpoint.json").read_text()
-    )
+    checkpoint = json.loads((results / "checkpoint.json").read_text())
     s3 = next(r for r in checkpoint["stop_to_durable"] if r["target"].startswith("s3"))
     assert measured.checkpoint_s3_s == (
         s3["seconds"],
