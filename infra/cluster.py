@@ -286,7 +286,7 @@ class InstanceRole(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="SpotPrices",
-                # A deploy's job is priced by its first host (training/launcher/deploy_prices.py):
+                # A deploy's job is priced by its first host (training/costs/deploy_prices.py):
                 # the Spot price in its AZ now. No resource-level permissions: Resource "*".
                 actions=["ec2:DescribeSpotPriceHistory"],
                 resources=["*"],
@@ -313,7 +313,7 @@ class InstanceRole(Construct):
                 # instance Unhealthy, so the group replaces it
                 # (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_SetInstanceHealth.html).
                 # PutScheduledUpdateGroupAction / DeleteScheduledAction: the budget's backstop,
-                # every group to zero at the deadline, deleted at job end (launcher/backstop.py).
+                # every group to zero at the deadline, deleted at job end (costs/backstop.py).
                 # All seven take the group as resource and aws:ResourceTag conditions
                 # (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html).
                 actions=[

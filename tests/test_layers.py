@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training.data",),
     ("training.dataplane",),
     ("training.trainer",),
+    ("training.processes", "training.costs"),
     ("training.launcher", "training.workstation", "training.local", "training.preflight"),
     ("training.planner", "training.rehearsal"),
     ("training.cli", "training.dataset_cli", "training.spec_cli"),

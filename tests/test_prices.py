@@ -24,8 +24,8 @@ from training.common.jobparam import (
     prices_from_json,
 )
 from training.common.jobrecord import JobRecord
-from training.launcher.budget import Budget
-from training.launcher.deploy_prices import deploy_job_prices
+from training.costs.budget import Budget
+from training.costs.deploy_prices import deploy_job_prices
 from training.prices import (
     NO_PRICE_LIST,
     offline_prices,
@@ -329,7 +329,7 @@ def test_the_prices_as_a_table() -> None:
     ]
 
 
-# -- a deploy's job, priced by its first host (training/launcher/deploy_prices.py) -------------
+# -- a deploy's job, priced by its first host (training/costs/deploy_prices.py) -------------
 
 
 def test_a_deploys_first_host_prices_spot_from_aws_and_records_it_for_every_other_host(

@@ -20,7 +20,7 @@ source that answers wins:
    (``hetero spec check``, the budget of a job whose pointer records no prices).
 
 Each group's price is a ``GroupPrice`` (``training.common.jobparam``): ``hetero job start``
-records them in the job pointer, the launchers' budget (``training.launcher.budget``) and
+records them in the job pointer, the launchers' budget (``training.costs.budget``) and
 ``hetero status`` read them there.
 
 SageMaker bills its ``ml.*`` training instances at its own rates, not EC2's:

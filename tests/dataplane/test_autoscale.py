@@ -349,7 +349,7 @@ def test_the_backend_argument() -> None:
 
 def test_each_launcher_backend_names_its_actuator() -> None:
     from training.dataplane.autoscale import backend_arg
-    from training.launcher.roles import trainer_command
+    from training.processes.roles import trainer_command
 
     elastic = parse_spec(_spec("min_count = 1\nmax_count = 5", ""))
     assert backend_arg(elastic, "ec2", "my-cluster") == "asg:my-cluster-dataprep"

@@ -256,7 +256,7 @@ def test_the_record_covers_every_path_that_calls_aws(
         ),
         "early exit: SetInstanceHealth": _has(instance, "SetInstanceHealth"),
         "job pointer": _has(instance, "GetParameter", Name="/hetero/{cluster}/job"),
-        # A deploy's job: its first host prices Spot (training/launcher/deploy_prices.py).
+        # A deploy's job: its first host prices Spot (training/costs/deploy_prices.py).
         "deploy job's Spot prices": _has(instance, "DescribeSpotPriceHistory"),
         "dataset reads": _has(instance, "GetObject", Bucket="{dataset}"),
         "SageMaker: checkpoints": any(

@@ -51,7 +51,7 @@ STAR_RESOURCE_ACTIONS: dict[str, str] = {
     "ecr:GetAuthorizationToken": f"no resource types ({SAR}amazonelasticcontainerregistry.html)",
     # Peer discovery.
     "ec2:DescribeInstances": EC2_DESCRIBE,
-    # A deploy's job priced by its first host (training/launcher/deploy_prices.py).
+    # A deploy's job priced by its first host (training/costs/deploy_prices.py).
     "ec2:DescribeSpotPriceHistory": EC2_DESCRIBE,
     # Which peers their group is terminating; the data-tier controller's group.
     "autoscaling:DescribeAutoScalingInstances": f"no resource types ({SAR}amazonec2autoscaling"

@@ -12,7 +12,7 @@ from pathlib import Path
 from small_spec import small_spec_text
 
 from training.common.jobrecord import JobRecord
-from training.launcher.bill import Census
+from training.costs.bill import Census
 from training.launcher.boot_watch import BOOT_REASON, LAUNCH_SLACK_S, BootWatch, failed_boots
 from training.rehearsal.aws import AwsEmulator
 from training.spec import ClusterSpec, load_spec

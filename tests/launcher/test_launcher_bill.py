@@ -1,4 +1,4 @@
-"""The job's bill (``training.launcher.bill``): every host's census of the cluster's instances,
+"""The job's bill (``training.costs.bill``): every host's census of the cluster's instances,
 merged, each instance from the middle of its launch second to the job's end (running then) or
 the middle of its last sight running and its first sight gone, priced per group and market at
 the prices the job recorded. Exact figures for instances alive at the end, a Spot loss, a hard
@@ -17,7 +17,7 @@ from small_spec import small_spec_text
 from training.common.jobparam import GroupPrice
 from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome
-from training.launcher.bill import Census, Sighting, bill_lines, job_bill, sighting
+from training.costs.bill import Census, Sighting, bill_lines, job_bill, sighting
 from training.launcher.host_record import HostRecord
 from training.spec import load_spec
 from training.workstation.status import JobStatus, bill_of, bill_text

@@ -12,8 +12,8 @@ import pytest
 
 from training.common.jobparam import GroupPrice, JobPointer, deployed_job_pointer, prices_to_json
 from training.common.jobrecord import JobRecord
-from training.launcher.budget import Budget
-from training.launcher.deploy_prices import recorded_prices
+from training.costs.budget import Budget
+from training.costs.deploy_prices import recorded_prices
 from training.prices import price_lines
 from training.spec import ClusterSpec, parse_spec
 from training.workstation.status import JobStatus, budget_line, prices_text
@@ -75,7 +75,7 @@ def test_a_deploys_job_is_priced_at_its_most_from_the_catalogue_with_a_warning(
     spec: ClusterSpec, caplog: pytest.LogCaptureFixture
 ) -> None:
     pointer = deployed_job_pointer("name = 'capped'\n", "s3://ckpt/checkpoints/")
-    with caplog.at_level(logging.WARNING, logger="training.launcher.budget"):
+    with caplog.at_level(logging.WARNING, logger="training.costs.budget"):
         budget = Budget.of(spec, pointer)
     # At its most: 2 x g5.xlarge (the dearer listed type) and 4 x c7i.4xlarge (max_count),
     # each the catalogue's On-Demand price x the Spot ratio 0.35; not spec.usd_per_hour(),

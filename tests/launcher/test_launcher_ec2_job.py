@@ -22,8 +22,8 @@ from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
 from training.launcher.plan import Backend, LaunchPlan
-from training.launcher.roles import RoleCommand
 from training.launcher.spot import REBALANCE_PATH, TARGET_LIFECYCLE_PATH
+from training.processes.roles import RoleCommand
 from training.spec import ClusterSpec, Role, load_spec
 
 from .conftest import FakeImds, one_of_each

@@ -18,7 +18,7 @@ from moto import mock_aws
 
 from training.cli import main
 from training.common.jobparam import GroupPrice, JobParameterNotFound, JobPointer, read_job_pointer
-from training.launcher.backstop import put_backstop
+from training.costs.backstop import put_backstop
 from training.prices import price_lines
 from training.spec import ClusterSpec
 from training.workstation.jobstart import JobStartError, group_sizes, start_job

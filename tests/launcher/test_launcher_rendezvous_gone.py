@@ -13,7 +13,7 @@ import psutil
 
 from training.launcher.ec2_watches import stop_if_a_member_cannot_join
 from training.launcher.rank_signals import Signals
-from training.launcher.supervisor import Supervisor
+from training.processes.supervisor import Supervisor
 
 from .test_launcher_supervisor import wait_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.launcher.roles import (
+from training.processes.roles import (
     data_server_command,
     trainer_command,
 )

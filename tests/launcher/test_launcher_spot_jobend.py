@@ -21,7 +21,7 @@ from training.launcher.spot import (
     SpotNotice,
     SpotWatcher,
 )
-from training.launcher.supervisor import Supervisor
+from training.processes.supervisor import Supervisor
 
 from .conftest import FakeImds
 

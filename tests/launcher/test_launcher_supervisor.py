@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from training.launcher.supervisor import Supervisor, shell_code
+from training.processes.supervisor import Supervisor, shell_code
 
 # Starts a grandchild in its own session that ignores SIGTERM, writes its pid, then sleeps.
 PARENT = """
@@ -67,7 +67,7 @@ def test_orphaned_grandchild_is_found_through_the_subreaper(tmp_path: Path) -> N
     pid_file = tmp_path / "pid"
     script = (
         "import sys, time\n"
-        "from training.launcher.supervisor import Supervisor\n"
+        "from training.processes.supervisor import Supervisor\n"
         "with Supervisor(grace_s=1, subreaper=True) as sup:\n"
         f"    c = sup.start('p', [sys.executable, '-c', {PARENT!r}, {str(pid_file)!r}, 'exit'])\n"
         "    sup.wait(c)\n"
@@ -86,7 +86,7 @@ def test_children_the_process_had_before_are_not_taken_for_orphans() -> None:
     # must survive the supervisor's clean-up; killing it broke every later forkserver user.
     script = (
         "import subprocess, sys\n"
-        "from training.launcher.supervisor import Supervisor\n"
+        "from training.processes.supervisor import Supervisor\n"
         "before = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         "with Supervisor(grace_s=1, subreaper=True) as sup:\n"
         "    c = sup.start('role', [sys.executable, '-c', 'pass'])\n"

@@ -10,7 +10,7 @@ from typing import Any
 
 from training.common.jobrecord import JobRecord
 from training.common.outcome import EXIT_STOPPED
-from training.launcher.budget import Budget, JobClock
+from training.costs.budget import Budget, JobClock
 from training.launcher.tier_budget import TierBudgetWatch
 
 from .conftest import FakeImds

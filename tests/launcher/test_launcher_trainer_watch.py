@@ -16,8 +16,8 @@ from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
 from training.launcher.plan import Backend, LaunchPlan
-from training.launcher.roles import RoleCommand
 from training.launcher.trainer_watch import NoTrainerWatch, newest_trainer_write
+from training.processes.roles import RoleCommand
 from training.spec import ClusterSpec, Role
 
 from .conftest import FakeImds

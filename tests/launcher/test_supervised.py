@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from training.common.outcome import mark_server_stopped, server_stopped
-from training.launcher.roles import RoleCommand
-from training.launcher.supervised import run_role
-from training.launcher.supervisor import Supervisor
+from training.processes.roles import RoleCommand
+from training.processes.supervised import run_role
+from training.processes.supervisor import Supervisor
 
 
 def test_a_data_server_generation_clears_an_earlier_stopped_file(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from moto import mock_aws
 
 from training.common.names import TAG_CLUSTER, TAG_GROUP, TAG_ROLE, asg_name
-from training.launcher.backstop import action_name, put_backstop, remove_backstop
+from training.costs.backstop import action_name, put_backstop, remove_backstop
 from training.prices import offline_prices, price_groups
 from training.rehearsal.aws import LIFECYCLE_HOOK, AwsEmulator, subnet_cidr
 from training.spec import load_spec

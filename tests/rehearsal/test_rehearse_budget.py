@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from training.launcher.budget import Budget
+from training.costs.budget import Budget
 from training.rehearsal.instances import BACKSTOP_AFTER_S as DEFAULT_BACKSTOP_AFTER_S
 from training.spec import load_spec
 
@@ -174,7 +174,7 @@ def test_a_job_stopped_by_max_usd_resumes_with_job_start_and_finishes_as_if_unca
     assert report["groups_max_at_end"] == {"rehearsal-trainer": 0, "rehearsal-dataprep": 0}
     assert report["invariants"]["groups_at_zero"]["ok"]
 
-    # The budget's backstop (launcher/backstop.py): each job's launchers gave each group an
+    # The budget's backstop (costs/backstop.py): each job's launchers gave each group an
     # action DEFAULT_BACKSTOP_AFTER_S past its deadline (the job's start plus its cap at the
     # cluster's price; the first job's start is its first host's), every group to 0. None ran:
     # the launchers ended the jobs first, and each job's end deleted them

@@ -30,7 +30,7 @@ An SSM parameter (String, standard tier) named ``/hetero/<cluster>/job``
 - ``prices``: what each instance group costs per hour at its most, priced when
   ``hetero job start`` ran (``GroupPrice``, ``training/prices.py``); absent for the job a deploy
   created (a CloudFormation template cannot ask AWS for prices), whose budget then prices the
-  groups from the dated offline catalogue (``training.launcher.budget``). A few hundred bytes a
+  groups from the dated offline catalogue (``training.costs.budget``). A few hundred bytes a
   group, well inside a standard parameter's 4 KB.
 - ``init``, ``init_uri``: for a spec whose ``job.model.init`` is ``timm:NAME.TAG``, that value
   and where the job reads its files, staged in S3 because the instances have no internet route

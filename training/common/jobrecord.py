@@ -5,13 +5,13 @@ Under ``<checkpoint URI>/job/`` (S3 on AWS, a folder otherwise):
 - ``outcome.json``: ``{"outcome": "finished" | "failed" | "stopped", "reason", "by", "time",
   "bill"}``, written once by the host that ends the job (``stopped``: the budget ran out, see
   ``budget.py``; ``hetero job start --resume`` continues it; ``bill``: what the job cost,
-  ``training.launcher.bill``, where the host could make it). Its presence means the job is
+  ``training.costs.bill``, where the host could make it). Its presence means the job is
   over: a host that starts or restarts afterwards does not run the role again.
 - ``started.json``: ``{"started": <epoch seconds>}``, the job's start for its budget when the job
   pointer has none (a deploy's job), written by the first host that needs it.
 - ``prices.json``: ``{"prices": [...]}``, each group's price at its most (as the pointer's
   ``prices``) when the job pointer has none (a deploy's job), priced from AWS by the first host
-  that needs them (``training.launcher.deploy_prices``).
+  that needs them (``training.costs.deploy_prices``).
 - ``leaving/<instance-id>.json``: a host that got an interruption notice or an Auto Scaling
   termination says so here first, so the others re-form the job without it while it is still
   running (EC2 keeps it ``running`` until the termination).
@@ -94,7 +94,7 @@ class JobRecord:
         bill: Callable[[], Mapping[str, Any] | None] | None = None,
     ) -> dict[str, Any]:
         """Record the job's end (``finished``, ``failed``, or ``stopped`` by its budget) and,
-        with ``bill`` (what the job cost until now, ``training.launcher.bill``), its bill; a job
+        with ``bill`` (what the job cost until now, ``training.costs.bill``), its bill; a job
         already ended keeps its first outcome, which is returned. The bill is made first: the
         outcome's time is then the bill's end, as close as can be to the groups' scale to zero
         that follows; a host that ended the job meanwhile (and scaled the groups, which this

@@ -57,7 +57,7 @@ ENV_REGION: Final = "AWS_DEFAULT_REGION"
 """The region (boto3 reads this variable)."""
 
 ENV_BUDGET_DEADLINE: Final = "HETERO_BUDGET_DEADLINE"
-"""Epoch seconds at which the job's budget runs out: the launcher (``training.launcher.budget``)
+"""Epoch seconds at which the job's budget runs out: the launcher (``training.costs.budget``)
 sets it, the trainer stops with a checkpoint then (its ``--max-seconds`` defaults to what is left
 of it)."""
 ENV_LOADER_WORKERS: Final = "HETERO_LOADER_WORKERS"

@@ -36,7 +36,7 @@ from typing import Any
 from training.common.hosts import cluster_instances, tag
 from training.common.jobrecord import JobRecord
 from training.common.names import TAG_GROUP
-from training.launcher.bill import Census, sighting
+from training.costs.bill import Census, sighting
 from training.launcher.early_exit import past_budget
 
 log = logging.getLogger(__name__)

@@ -63,9 +63,10 @@ from training.common.outcome import (
     server_stopped,
 )
 from training.common.s3 import is_s3_uri
-from training.launcher import backstop, job_end, roles
-from training.launcher.budget import Budget, JobClock
-from training.launcher.deploy_prices import deploy_job_prices
+from training.costs import backstop
+from training.costs.budget import Budget, JobClock
+from training.costs.deploy_prices import deploy_job_prices
+from training.launcher import job_end
 from training.launcher.early_exit import set_unhealthy
 from training.launcher.ec2_watches import Ec2Watches
 from training.launcher.group import GroupIdentity
@@ -84,8 +85,9 @@ from training.launcher.rank_signals import Signals
 from training.launcher.restart_budget import RestartBudget
 from training.launcher.server_watch import ServerWatch
 from training.launcher.spot import ASG_TERMINATION, TARGET_LIFECYCLE_PATH
-from training.launcher.supervised import run_role
-from training.launcher.supervisor import Supervisor, exit_code_for_signal
+from training.processes import roles
+from training.processes.supervised import run_role
+from training.processes.supervisor import Supervisor, exit_code_for_signal
 from training.spec import ClusterSpec, Role
 from training.trainer.checkpoint_s3 import S3CheckpointStore
 

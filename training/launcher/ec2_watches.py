@@ -34,9 +34,9 @@ from training.common.hosts import list_cluster_instances
 from training.common.jobparam import JobWatch
 from training.common.names import LAST_EVAL_FILE
 from training.common.outcome import Outcome
-from training.launcher.bill import job_bill
+from training.costs.bill import job_bill
+from training.costs.budget import JobClock, parse_started
 from training.launcher.boot_watch import BootWatch
-from training.launcher.budget import JobClock, parse_started
 from training.launcher.hang_watch import HangWatch
 from training.launcher.host_record import HostRecord
 from training.launcher.imds import ImdsClient

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from training.common.jobrecord import JobRecord
-from training.launcher.bill import Census
+from training.costs.bill import Census
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 from training.common.jobrecord import JobRecord
 from training.common.names import ENV_ASG_NAMES
 from training.common.outcome import Outcome
-from training.launcher.backstop import remove_backstop
+from training.costs.backstop import remove_backstop
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,9 @@ def end_job(
 ) -> None:
     """End the job for everyone: record the outcome first (a host starting later sees it and
     does not run), with its ``bill`` (what the job cost until now, made only by the host that
-    records the outcome: ``training.launcher.bill``), then scale every group to zero
+    records the outcome: ``training.costs.bill``), then scale every group to zero
     and, for a job with a budget (``backstop``), delete the budget's scheduled action
-    (``training.launcher.backstop``). Safe to call from several hosts: the first recorded
+    (``training.costs.backstop``). Safe to call from several hosts: the first recorded
     outcome stays, and scaling to zero twice is harmless."""
     if record is not None:
         try:

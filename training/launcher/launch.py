@@ -32,7 +32,8 @@ from training.common.outcome import (
     ROLE_STOP_GRACE_S,
     Outcome,
 )
-from training.launcher import backstop, early_exit, host_checks, peers
+from training.costs import backstop
+from training.launcher import early_exit, host_checks, peers
 from training.launcher.ec2_start import cannot_start, run_ec2
 from training.launcher.group import (
     GroupDetectionError,
@@ -57,10 +58,10 @@ from training.launcher.plan import (
     print_plan,
     trainer_efa_env,
 )
-from training.launcher.roles import RENDEZVOUS_TIMEOUT_S
-from training.launcher.supervised import run_role
-from training.launcher.supervisor import Supervisor, exit_code_for_signal
 from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
+from training.processes.roles import RENDEZVOUS_TIMEOUT_S
+from training.processes.supervised import run_role
+from training.processes.supervisor import Supervisor, exit_code_for_signal
 from training.spec import Role, load_spec
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.common.outcome import ROLE_STOP_GRACE_S
-from training.launcher.backstop import MIN_LEAD_S
+from training.costs.backstop import MIN_LEAD_S
 from training.launcher.early_exit import REPLACEMENT_BUDGET
 from training.launcher.hang_watch import HANG_AFTER_STEPS, HANG_FLOOR_S, STACKS_WAIT_S
 from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S

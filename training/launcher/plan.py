@@ -20,8 +20,9 @@ from training.common.names import (
 )
 from training.common.s3 import is_s3_uri
 from training.dataplane.autoscale import backend_arg
-from training.launcher import efa, peers, roles
+from training.launcher import efa, peers
 from training.launcher.group import GroupIdentity
+from training.processes import roles
 from training.spec import ClusterSpec, Role
 
 log = logging.getLogger(__name__)

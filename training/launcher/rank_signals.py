@@ -19,7 +19,7 @@ import psutil
 
 from training.common.jobparam import JobPointer
 from training.launcher.spot import SpotNotice
-from training.launcher.supervisor import Supervisor
+from training.processes.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

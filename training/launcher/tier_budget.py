@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection
 
 from training.common.jobrecord import JobRecord
-from training.launcher.budget import JobClock
+from training.costs.budget import JobClock
 from training.launcher.trainer_watch import last_trainer_write
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,7 @@ Modules:
 - ``tier``: an elastic dataprep group's servers started and stopped beside the trainer, as an
   Auto Scaling group does on EC2 (the servers file and the desired-count file).
 
-It imports the modules it shares with the instances, which still live under
-``training/launcher/`` and move to a package of their own in a later step: ``roles`` (the
-trainer's torchrun and the data server's command lines), ``supervisor`` (child processes that
-never outlive the run) and ``supervised`` (a role's commands run under a supervisor). It never
-imports the instance's loop (``ec2_*``, ``membership``, ``spot``, ``plan``, ...).
+It runs the processes it shares with the instances from ``training.processes`` (``roles``,
+``supervisor``, ``supervised``) and never imports the instance's loop (``training.launcher``):
+tests/launcher/test_person_side_imports.py checks it in a fresh interpreter.
 """

@@ -27,10 +27,10 @@ from training.common.hosts import LOOPBACK
 from training.common.tensorboard_paths import FOLDER as TB_FOLDER
 from training.common.tensorboard_paths import logdir_command
 from training.dataplane.autoscale import policy_for
-from training.launcher import roles
-from training.launcher.supervised import run_role
-from training.launcher.supervisor import Child, Supervisor, exit_code_for_signal
 from training.local.tier import LocalDataTier, reports_serving
+from training.processes import roles
+from training.processes.supervised import run_role
+from training.processes.supervisor import Child, Supervisor, exit_code_for_signal
 from training.spec import ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)

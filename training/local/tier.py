@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from training.common.files import write_atomically
 from training.dataplane.autoscale import read_desired, write_desired
 from training.dataplane.v1 import dataplane_pb2, dataplane_pb2_grpc
-from training.launcher.supervisor import Child
+from training.processes.supervisor import Child
 
 log = logging.getLogger(__name__)
 

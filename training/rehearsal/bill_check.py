@@ -1,4 +1,4 @@
-"""The rehearsal's check of the job's bill (``training.launcher.bill``): the instance-seconds the
+"""The rehearsal's check of the job's bill (``training.costs.bill``): the instance-seconds the
 job's end recorded, per group, against those the group simulator counted, at the prices the bill
 recorded.
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from training.launcher.bill import LAUNCH_RESOLUTION_S
+from training.costs.bill import LAUNCH_RESOLUTION_S
 
 TOLERANCE = 0.01
 """The largest relative difference, per group, between the bill's instance-seconds and the

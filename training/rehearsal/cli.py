@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from training.launcher.supervisor import become_subreaper
+from training.processes.supervisor import become_subreaper
 from training.rehearsal import report
 from training.rehearsal.containers import (
     IMAGE_REPOSITORY,

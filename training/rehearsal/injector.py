@@ -26,7 +26,7 @@
 - ``kill-launcher``: SIGKILL the whole process tree and leave the instance running (a launcher
   gone for good): a live host takes it out of its group once it is silent in the job record
   (``launcher/silent_hosts.py``); with no live host left, only the budget's scheduled action
-  (``launcher/backstop.py``) ends it.
+  (``costs/backstop.py``) ends it.
 - ``hang``: SIGSTOP the whole process tree and leave the instance running (a frozen host):
   silent, as above.
 - ``hang-trainer``: SIGSTOP the instance's trainer workers once, the launcher left running (stuck

@@ -87,7 +87,7 @@ def invariants(
         all(v == 0 for v in [*desired.values(), *max_sizes.values()]) and not running,
         f"desired {desired}; MaxSize {max_sizes}; {len(running)} instance(s) running",
     )
-    # The job's end deletes the budget's scheduled action (launcher/backstop.py) from every group.
+    # The job's end deletes the budget's scheduled action (costs/backstop.py) from every group.
     actions = facts.get("scheduled_actions_at_end", [])
     out["no_scheduled_action_left"] = _check(
         not actions, f"{len(actions)} left: {[(a['group'], a['name']) for a in actions]}"

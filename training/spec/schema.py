@@ -450,7 +450,7 @@ class JobSpec:
     dataplane: DataPlaneSpec = field(default_factory=DataPlaneSpec)
     max_hours: float | None = None
     """Budget: stop the job (checkpoint, outcome ``stopped``, every group at 0) once this many
-    hours have passed since it started (``training.launcher.budget``). None: no cap."""
+    hours have passed since it started (``training.costs.budget``). None: no cap."""
     max_usd: float | None = None
     """Budget: stop the job likewise once the cluster's price at its most (every group at
     ``max_size`` of its dearest listed type, priced when the job started: ``training.prices``)

@@ -175,7 +175,7 @@ class TrainerConfig:
     (local runs, ``--no-emf``): no such lines."""
     deadline: float | None = None
     """Stop (with a checkpoint) at this wall-clock time, epoch seconds: the job's budget
-    (``HETERO_BUDGET_DEADLINE``, from the launcher: ``training.launcher.budget``). Absolute, so
+    (``HETERO_BUDGET_DEADLINE``, from the launcher: ``training.costs.budget``). Absolute, so
     the trainer's own start-up counts against it."""
     min_step_s: tuple[tuple[int, float], ...] = ()
     """``(from step, seconds)``: the least time an optimizer step takes, data waits aside

@@ -11,9 +11,9 @@ Modules:
 - ``sagemaker_budget``: that job's ``MaxRuntimeInSeconds`` from ``job.max_hours`` /
   ``job.max_usd`` at SageMaker's training rates (used by ``sagemaker_submit`` alone).
 
-These modules never import the instance's loop (``training.launcher``'s ``ec2_start``,
+These modules never import the instance's loop (``training.launcher``: ``ec2_start``,
 ``ec2_job``, ``ec2_watches``, ``membership``, ``spot``, ``launch``, ``plan`` and the rest):
-tests/launcher/test_person_side_imports.py checks it in a fresh interpreter. They may import
-the modules both sides share, which still live under ``training/launcher/`` and move to a
-package of their own in a later step: ``budget``, ``bill``, ``deploy_prices`` and ``backstop``.
+tests/launcher/test_person_side_imports.py checks it in a fresh interpreter. What they share
+with the instances is in ``training.costs`` (the budget, the bill, a deploy's prices, the
+backstop).
 """

@@ -33,7 +33,7 @@ checkpoints and the groups back at their counts:
    (pointer first: an instance that starts must read the new job); an elastic dataprep group
    (``min_count``/``max_count``) gets ``MinSize=min_size, MaxSize=max_size,
    DesiredCapacity=count``, the sizes the stack gives it (``group_sizes``). An earlier job's
-   budget backstop (``training.launcher.backstop``) is deleted first; a group it set to
+   budget backstop (``training.costs.backstop``) is deleted first; a group it set to
    ``MaxSize=0`` counts as the deployed spec's.
 
 Instances still running the old job (``--force``) read the pointer at least every
@@ -88,7 +88,7 @@ from training.common.timm_hub import (
     resolve_timm_init,
     stage_timm_init,
 )
-from training.launcher.backstop import remove_backstop
+from training.costs.backstop import remove_backstop
 from training.prices import Priced, offline_prices, price_groups, price_lines, pricing_client
 from training.spec import ClusterSpec, InstanceGroup, load_spec
 

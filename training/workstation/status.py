@@ -2,7 +2,7 @@
 
 The current job (the SSM job pointer ``/hetero/<cluster>/job``, when the stack created it: its
 id and checkpoint URI, which is where the job record is), its spend against its caps, its prices
-and its bill (``training.launcher.bill``: recorded at its end, else so far), groups (desired,
+and its bill (``training.costs.bill``: recorded at its end, else so far), groups (desired,
 minimum, maximum and in-service counts), instances by group, market and AZ, the job's outcome,
 each host's last reported state and metrics (with its last validation top-1 and the accuracy
 targets reached), the data-tier controller's last decisions (an elastic dataprep group:
@@ -36,9 +36,9 @@ from training.common.jobrecord import JobRecord
 from training.common.names import ENV_CHECKPOINT_URI, asg_name, job_parameter_name
 from training.common.s3 import is_s3_uri, parse_s3_uri, s3_uri
 from training.common.tensorboard_paths import every_job_uri, logdir_command, tensorboard_uri
-from training.launcher.bill import bill_lines, job_bill
-from training.launcher.budget import Budget, parse_started
-from training.launcher.deploy_prices import recorded_prices
+from training.costs.bill import bill_lines, job_bill
+from training.costs.budget import Budget, parse_started
+from training.costs.deploy_prices import recorded_prices
 from training.prices import offline_prices, price_lines
 from training.spec import ClusterSpec, load_spec
 from training.trainer.checkpoint_s3 import S3CheckpointStore

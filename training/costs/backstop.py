@@ -29,7 +29,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from training.launcher.budget import JobClock
+from training.costs.budget import JobClock
 
 log = logging.getLogger(__name__)
 

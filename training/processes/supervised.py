@@ -11,8 +11,8 @@ from pathlib import Path
 
 from training.common.outcome import Outcome, RankOutcome, clear_outcomes, read_host_outcome
 from training.common.progress import clear_progress
-from training.launcher.roles import RoleCommand
-from training.launcher.supervisor import Child, Supervisor
+from training.processes.roles import RoleCommand
+from training.processes.supervisor import Child, Supervisor
 
 log = logging.getLogger(__name__)
 
