@@ -24,6 +24,7 @@ from training.dataplane.autoscale import (
     Policy,
     ReportOnly,
     actuator_from_arg,
+    file_arg,
     policy_for,
     read_decisions,
 )
@@ -347,15 +348,27 @@ def test_the_backend_argument() -> None:
         actuator_from_arg("asg:", 1)
 
 
-def test_each_launcher_backend_names_its_actuator() -> None:
-    from training.dataplane.autoscale import backend_arg
+def test_each_launcher_backend_names_its_actuator(tmp_path: Path) -> None:
+    from training.launcher.backends import PLACES, Backend
+    from training.launcher.group import GroupIdentity, GroupSource
     from training.processes.roles import trainer_command
 
     elastic = parse_spec(_spec("min_count = 1\nmax_count = 5", ""))
-    assert backend_arg(elastic, "ec2", "my-cluster") == "asg:my-cluster-dataprep"
-    assert backend_arg(elastic, "sagemaker", "my-cluster") == "report"
-    assert backend_arg(elastic, "local", "my-cluster") == ""  # hetero local names its file
-    assert backend_arg(parse_spec(_spec("", "")), "ec2", "my-cluster") == ""  # a fixed count
+    fixed = parse_spec(_spec("", ""))
+    identity = GroupIdentity("trainer", GroupSource.EC2, cluster="my-cluster")
+    named = {b: PLACES[b].autoscale(elastic, identity) for b in Backend}
+    assert named == {
+        Backend.EC2: "asg:my-cluster-dataprep",
+        Backend.SAGEMAKER: "report",
+        Backend.LOCAL: "",  # hetero local names its file
+    }
+    assert {PLACES[b].autoscale(fixed, identity) for b in Backend} == {""}  # a fixed count
+    # Each value the trainer's parser reads back as the actuator it names.
+    asg = actuator_from_arg(named[Backend.EC2], 1)
+    assert isinstance(asg, AsgActuator) and asg.asg_name == "my-cluster-dataprep"
+    assert isinstance(actuator_from_arg(named[Backend.SAGEMAKER], 2), ReportOnly)
+    desired = actuator_from_arg(file_arg(tmp_path / "desired.json"), 1)
+    assert isinstance(desired, FileActuator) and desired.path == tmp_path / "desired.json"
     cmd = trainer_command(
         elastic, spec_path="s.toml", run_dir="r", trainer_hosts=("127.0.0.1",), node_rank=0,
         autoscale="asg:my-cluster-dataprep",

@@ -20,7 +20,7 @@ from training.common.names import ENV_LOADER_WORKERS
 from training.common.outcome import EXIT_FAILED, EXIT_STOPPED
 from training.data.loader import default_workers
 from training.launcher import host_checks, job_end, launch
-from training.launcher.plan import Backend
+from training.launcher.backends import PLACES, Backend
 from training.spec import parse_spec
 
 from .conftest import HOST_GROUPS, HOST_INSTANCE, FakeImds, as_deployed_host, one_of_each
@@ -197,11 +197,15 @@ def test_check_host_gives_the_trainer_the_cap_and_checks_drivers_off_local_only(
 ) -> None:
     monkeypatch.setattr(host_checks, "shm_bytes", lambda path: 0)
     old = driver_file(tmp_path, "550.54.15")
-    local = host_checks.check_host(SPEC, "trainer", Backend.LOCAL, environ={}, driver_file=old)
+    local = host_checks.check_host(
+        SPEC, "trainer", PLACES[Backend.LOCAL], environ={}, driver_file=old
+    )
     assert local.problem is None and local.env == {ENV_LOADER_WORKERS: "0"}
-    ec2 = host_checks.check_host(SPEC, "trainer", Backend.EC2, environ={}, driver_file=old)
+    ec2 = host_checks.check_host(SPEC, "trainer", PLACES[Backend.EC2], environ={}, driver_file=old)
     assert ec2.problem is not None and "driver 550.54.15" in ec2.problem and not ec2.env
-    data = host_checks.check_host(SPEC, "dataprep", Backend.EC2, environ={}, driver_file=old)
+    data = host_checks.check_host(
+        SPEC, "dataprep", PLACES[Backend.EC2], environ={}, driver_file=old
+    )
     assert data.problem is None and not data.env
 
 

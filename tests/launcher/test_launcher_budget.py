@@ -18,11 +18,12 @@ from training.common.jobrecord import JobRecord
 from training.common.names import ENV_BUDGET_DEADLINE
 from training.common.outcome import EXIT_FINISHED, EXIT_STOPPED, Outcome
 from training.costs.budget import Budget, job_started, parse_started
+from training.launcher.backends import Backend
 from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
-from training.launcher.plan import Backend, LaunchPlan
+from training.launcher.plan import LaunchPlan
 from training.processes.roles import RoleCommand
 from training.spec import ClusterSpec, Role, load_spec
 from training.workstation.jobstart import start_job

@@ -17,11 +17,12 @@ from moto import mock_aws
 
 from training.common.jobrecord import JobRecord
 from training.common.outcome import EXIT_DATA, EXIT_FAILED, EXIT_FINISHED, EXIT_STOPPED, Outcome
+from training.launcher.backends import Backend
 from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
-from training.launcher.plan import Backend, LaunchPlan
+from training.launcher.plan import LaunchPlan
 from training.launcher.spot import REBALANCE_PATH, TARGET_LIFECYCLE_PATH
 from training.processes.roles import RoleCommand
 from training.spec import ClusterSpec, Role, load_spec

@@ -19,10 +19,11 @@ from hub_cache import INIT, HubCache, offline_hub, write_hub_cache
 from training.cli import main
 from training.common.jobparam import JobPointer, parse_job_pointer, read_job_pointer
 from training.common.names import ENV_CHECKPOINT_URI, ENV_INIT_URI
+from training.launcher.backends import PLACES, Backend
 from training.launcher.ec2_start import staged_init
 from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.peers import local_peers
-from training.launcher.plan import Backend, make_plan
+from training.launcher.plan import make_plan
 from training.spec import load_spec
 from training.workstation.jobstart import JobStartError
 
@@ -122,7 +123,7 @@ def test_the_launcher_hands_the_staged_copy_to_the_trainer_only_for_its_own_init
     assert staged_init(JobPointer("j-1", pointer.checkpoint_uri), spec) is None
     identity = GroupIdentity("trainer", GroupSource.EC2, host="10.0.0.5", cluster="vit-test")
     plan = make_plan(
-        spec, spec_path=str(path), identity=identity, backend=Backend.EC2,
+        spec, spec_path=str(path), identity=identity, place=PLACES[Backend.EC2],
         found_peers=local_peers(spec), run_dir=str(tmp_path / "run"),
         environ={ENV_CHECKPOINT_URI: pointer.checkpoint_uri, ENV_INIT_URI: uri},
     )  # fmt: skip

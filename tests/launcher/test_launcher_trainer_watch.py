@@ -11,11 +11,12 @@ from typing import Any
 
 from training.common.jobrecord import JobRecord
 from training.common.outcome import EXIT_FAILED
+from training.launcher.backends import Backend
 from training.launcher.ec2_job import Ec2Job
 from training.launcher.group import GroupIdentity, GroupSource
 from training.launcher.loop_settings import LoopSettings
 from training.launcher.peers import Peers
-from training.launcher.plan import Backend, LaunchPlan
+from training.launcher.plan import LaunchPlan
 from training.launcher.trainer_watch import NoTrainerWatch, newest_trainer_write
 from training.processes.roles import RoleCommand
 from training.spec import ClusterSpec, Role

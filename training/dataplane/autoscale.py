@@ -385,22 +385,30 @@ class AsgActuator:
         return f"Auto Scaling group {self.asg_name}"
 
 
-def backend_arg(spec: ClusterSpec, backend: str, cluster: str) -> str:
-    """The trainer's ``--autoscale`` on a launcher ``backend`` (``ec2``, ``sagemaker``,
-    ``local``): the elastic group's Auto Scaling group on EC2, ``report`` on SageMaker, none
-    otherwise (``hetero local`` names its own file) or without an elastic group."""
+def asg_arg(spec: ClusterSpec, cluster: str) -> str:
+    """The trainer's ``--autoscale`` on EC2: ``asg:NAME``, the elastic group's Auto Scaling
+    group ("" without an elastic group)."""
     policy = policy_for(spec)
-    if policy is None:
-        return ""
-    if backend == "ec2":
-        return f"asg:{asg_name(cluster, policy.group)}"
-    return "report" if backend == "sagemaker" else ""
+    return "" if policy is None else f"asg:{asg_name(cluster, policy.group)}"
+
+
+def report_arg(spec: ClusterSpec) -> str:
+    """The trainer's ``--autoscale`` where nothing can resize the data tier (SageMaker):
+    ``report``, the decisions logged only ("" without an elastic group)."""
+    return "" if policy_for(spec) is None else "report"
+
+
+def file_arg(path: Path) -> str:
+    """The trainer's ``--autoscale`` in ``hetero local``: ``file:PATH``, the desired count's
+    file its runner reads."""
+    return f"file:{path}"
 
 
 def actuator_from_arg(
     value: str, start: int, leaving: Callable[[], set[str]] | None = None
 ) -> Actuator:
-    """``--autoscale`` of the trainer: ``file:PATH``, ``asg:NAME`` or ``report``; ``leaving``:
+    """``--autoscale`` of the trainer as the functions above make it: ``file:PATH``,
+    ``asg:NAME`` or ``report``; ``leaving``:
     the instances that said they are leaving (the job record's), for an ASG's scale-in."""
     kind, _, arg = value.partition(":")
     if kind == "file" and arg:

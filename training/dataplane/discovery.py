@@ -189,8 +189,21 @@ class Ec2Servers:
         return f"EC2 instances tagged hetero:cluster={self.cluster}"
 
 
+def ec2_arg(cluster: str) -> str:
+    """``--data-servers`` on EC2: ``ec2:CLUSTER``, the data servers found by the cluster's tags
+    while the trainer runs."""
+    return f"ec2:{cluster}"
+
+
+def file_arg(path: Path) -> str:
+    """``--data-servers`` in ``hetero local`` with an elastic tier: ``file:PATH``, one address a
+    line, reread as its runner starts and stops servers."""
+    return f"file:{path}"
+
+
 def parse_discovery(text: str, spec: ClusterSpec) -> ServerDiscovery:
-    """The source named by ``--data-servers``: ``ec2[:CLUSTER]``, ``sagemaker[:PATH]``,
+    """The source named by ``--data-servers`` (as ``ec2_arg`` and ``file_arg`` make it):
+    ``ec2[:CLUSTER]``, ``sagemaker[:PATH]``,
     ``file:PATH``, ``loopback``, or a comma-separated ``host:port`` list. ``ValueError`` names
     the accepted forms when ``text`` is none of them."""
     text = text.strip()

@@ -29,24 +29,20 @@ from training.common.names import (
 )
 from training.common.outcome import EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED
 from training.launcher import early_exit, job_end, peers
+from training.launcher.backends import PLACES, Backend
 from training.launcher.ec2_job import EXIT_NEW_JOB, Ec2Job
 from training.launcher.group import GroupIdentity
 from training.launcher.host_checks import HostCheck
 from training.launcher.imds import ImdsClient, ImdsError
 from training.launcher.loop_settings import default_settings
 from training.launcher.membership import MembershipTimeout, wait_for_membership
-from training.launcher.plan import (
-    Backend,
-    LaunchPlan,
-    default_run_dir,
-    log_plan,
-    make_plan,
-    print_plan,
-)
+from training.launcher.plan import LaunchPlan, log_plan, make_plan, print_plan
 from training.launcher.spot import TARGET_LIFECYCLE_PATH
 from training.spec import ClusterSpec, Role
 
 log = logging.getLogger(__name__)
+
+EC2 = PLACES[Backend.EC2]
 
 MAX_JOB_SWITCHES = 20
 """Re-executions for new jobs one launcher process may do (a bound, never reached by hand)."""
@@ -219,14 +215,14 @@ def run_ec2(
     efa_env = {**efa_env, **(host.env if host is not None else {})}  # the trainer's variables
     location = record_location(environ, spec)
     record = JobRecord(location) if location else None
-    run_dir = Path(args.run_dir or default_run_dir(spec, Backend.EC2))
+    run_dir = Path(args.run_dir or EC2.run_dir(spec))
 
     def plan_for(found: peers.Peers, port: int, outcome_dir: str) -> LaunchPlan:
         return make_plan(
             spec,
             spec_path=args.spec,
             identity=identity,
-            backend=Backend.EC2,
+            place=EC2,
             found_peers=found,
             run_dir=str(run_dir),
             environ=environ,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from training import instance_types
 from training.common.names import ENV_LOADER_WORKERS
-from training.launcher.plan import Backend
+from training.launcher.backends import Place
 from training.spec import ClusterSpec, InstanceGroup, Role
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ def loader_env(
 def check_host(
     spec: ClusterSpec,
     group_name: str,
-    backend: Backend,
+    place: Place,
     *,
     environ: Mapping[str, str],
     driver_file: Path = DRIVER_VERSION_FILE,
@@ -222,7 +222,7 @@ def check_host(
     everywhere. The first problem wins; the env applies only when there is none."""
     group = spec.group(group_name)
     if group.role is Role.TRAINER:
-        if backend is not Backend.LOCAL and (problem := driver_problem(driver_file)) is not None:
+        if place.checks_driver and (problem := driver_problem(driver_file)) is not None:
             log.error("%s", problem)
             return HostCheck(problem)
         if spec.job.compile and (problem := compiler_problem(environ)) is not None:

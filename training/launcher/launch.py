@@ -18,7 +18,6 @@ import logging
 import os
 from pathlib import Path
 
-from training.common.files import write_atomically
 from training.common.names import (
     ENV_JOB_PARAMETER,
     ENV_SPEC,
@@ -34,30 +33,20 @@ from training.common.outcome import (
 )
 from training.costs import backstop
 from training.launcher import early_exit, host_checks, peers
+from training.launcher.backends import Backend, Place, asks_imds, choose_place
 from training.launcher.ec2_start import cannot_start, run_ec2
 from training.launcher.group import (
     GroupDetectionError,
-    GroupIdentity,
-    GroupSource,
     detect_group,
-    read_resourceconfig,
 )
 from training.launcher.hang_watch import HANG_AFTER_STEPS, HANG_FLOOR_S
 from training.launcher.imds import (
     DEFAULT_IMDS_URL,
     ENV_IMDS_ENDPOINT,
     ImdsClient,
-    ImdsError,
     endpoint_from_env,
 )
-from training.launcher.plan import (
-    Backend,
-    default_run_dir,
-    log_plan,
-    make_plan,
-    print_plan,
-    trainer_efa_env,
-)
+from training.launcher.plan import log_plan, make_plan, print_plan, trainer_efa_env
 from training.launcher.trainer_watch import NO_TRAINER_TIMEOUT_S
 from training.processes.roles import RENDEZVOUS_TIMEOUT_S
 from training.processes.supervised import run_role
@@ -223,37 +212,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def choose_backend(
-    requested: str, identity: GroupIdentity, resourceconfig: Path, imds: ImdsClient
-) -> Backend:
-    """The backend: as requested, else from the group's source; a group given by flag or env
-    is on SageMaker if the resource config exists, on EC2 if IMDS answers, else local."""
-    if requested != "auto":
-        return Backend(requested)
-    if identity.source is GroupSource.SAGEMAKER:
-        return Backend.SAGEMAKER
-    if identity.source is GroupSource.EC2:
-        return Backend.EC2
-    if resourceconfig.is_file():
-        return Backend.SAGEMAKER
-    try:
-        if imds.get("/latest/meta-data/instance-id"):
-            return Backend.EC2
-    except ImdsError:
-        pass
-    return Backend.LOCAL
-
-
-def host_unfit(why: str, backend: Backend, args: argparse.Namespace) -> int:
+def host_unfit(why: str, place: Place, args: argparse.Namespace) -> int:
     """This host cannot run its role for a reason every host of the group shares (the image:
-    ``host_checks``): the job fails with ``why``, which on SageMaker goes into the failure file
-    (the job's ``FailureReason``; SageMaker does not restart a failed container). On EC2
-    ``ec2_start.run_ec2`` ends the job instead. Returns the exit code."""
-    if backend is Backend.SAGEMAKER and not args.dry_run:
-        try:
-            write_atomically(Path(args.failure_file), why + "\n")
-        except OSError as e:
-            log.error("could not write the failure reason to %s: %s", args.failure_file, e)
+    ``host_checks``): the job fails with ``why``, which the place records where it reads it
+    (SageMaker: the failure file, the job's ``FailureReason``). On EC2 ``ec2_start.run_ec2``
+    ends the job instead. Returns the exit code."""
+    if not args.dry_run:
+        place.record_unfit(why, Path(args.failure_file))
     return EXIT_FAILED
 
 
@@ -267,50 +232,44 @@ def run(args: argparse.Namespace) -> int:
             flag=args.group,
             environ=os.environ,
             resourceconfig=resourceconfig,
-            imds=None if args.backend in ("local", "sagemaker") else imds,
+            imds=imds if asks_imds(args.backend) else None,
         )
     except GroupDetectionError as e:
         log.error("%s", e)
         return cannot_start(f"no instance group: {e}", EXIT_CONFIG, spec, args, imds, None)
-    backend = choose_backend(args.backend, identity, resourceconfig, imds)
-    efa_env = trainer_efa_env(spec, identity, backend)
+    place = choose_place(args.backend, identity, resourceconfig, imds)
+    efa_env = trainer_efa_env(spec, identity, place)
     if efa_env is None:
-        if backend is not Backend.EC2:
+        if not place.runs_generations:
             return EXIT_CONFIG
         why = 'efa = "on" and this host cannot give NCCL EFA'
         return cannot_start(why, EXIT_CONFIG, spec, args, imds, identity)
     checked = host_checks.check_host(
         spec,
         identity.group,
-        backend,
+        place,
         environ=os.environ,
         driver_file=Path(args.driver_version_file),
         shm_dir=Path(args.shm_dir),
     )
-    if backend is Backend.EC2:  # it acts on a problem once it knows the job (ec2_start)
+    if place.runs_generations:  # EC2: it acts on a problem once it knows the job (ec2_start)
         return run_ec2(spec, args, identity, imds, efa_env, checked)
     if checked.problem is not None:
-        return host_unfit(checked.problem, backend, args)
+        return host_unfit(checked.problem, place, args)
     efa_env = {**efa_env, **checked.env}  # the trainer's variables
-    network_interface: str | None = None
     try:
-        if backend is Backend.SAGEMAKER:
-            config = read_resourceconfig(resourceconfig)
-            network_interface = config.get("network_interface_name")
-            found = peers.sagemaker_peers(spec, config)
-        else:
-            found = peers.local_peers(spec, self_index=args.host_index)
+        found, network_interface = place.find_peers(spec, resourceconfig, args.host_index)
     except (peers.PeerDiscoveryError, OSError, ValueError) as e:
-        log.error("peer discovery failed (%s backend): %s", backend.value, e)
+        log.error("peer discovery failed (%s backend): %s", place.name.value, e)
         return peers.EXIT_PEERS
-    run_dir = args.run_dir or default_run_dir(spec, backend)
+    run_dir = args.run_dir or place.run_dir(spec)
     outcome_dir = Path(run_dir) / "outcome"
     try:
         plan = make_plan(
             spec,
             spec_path=args.spec,
             identity=identity,
-            backend=backend,
+            place=place,
             found_peers=found,
             run_dir=run_dir,
             environ=os.environ,

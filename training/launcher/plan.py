@@ -8,19 +8,12 @@ import shlex
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
-from training.common.names import (
-    ENV_CHECKPOINT_URI,
-    ENV_INIT_URI,
-    ENV_REGION,
-    SAGEMAKER_CHECKPOINT_DIR,
-    SAGEMAKER_OUTPUT_DIR,
-)
+from training.common.names import ENV_CHECKPOINT_URI, ENV_INIT_URI, ENV_REGION
 from training.common.s3 import is_s3_uri
-from training.dataplane.autoscale import backend_arg
 from training.launcher import efa, peers
+from training.launcher.backends import ANY_ADDRESS, LOOPBACK, Backend, Place
 from training.launcher.group import GroupIdentity
 from training.processes import roles
 from training.spec import ClusterSpec, Role
@@ -34,17 +27,6 @@ def checkpoint_staging_dir(tmpdir: str | Path | None = None) -> str:
     Hosts that share a machine (``hetero rehearse``) must give each its own ``TMPDIR``;
     ``tmpdir`` names another host's (the rehearsal watches an instance's staging folder)."""
     return str(Path(tmpdir or tempfile.gettempdir()) / "hetero" / "checkpoints")
-
-
-class Backend(StrEnum):
-    LOCAL = "local"
-    EC2 = "ec2"
-    SAGEMAKER = "sagemaker"
-
-
-def default_run_dir(spec: ClusterSpec, backend: Backend) -> str:
-    """The trainer's output folder when ``--run-dir`` gives none."""
-    return SAGEMAKER_OUTPUT_DIR if backend is Backend.SAGEMAKER else f"runs/{spec.name}"
 
 
 @dataclass(frozen=True)
@@ -74,7 +56,7 @@ def make_plan(
     *,
     spec_path: str,
     identity: GroupIdentity,
-    backend: Backend,
+    place: Place,
     found_peers: peers.Peers,
     run_dir: str | None,
     environ: Mapping[str, str],
@@ -93,23 +75,14 @@ def make_plan(
     checkpoint_dir: str | None = None
     if is_s3_uri(uri):
         checkpoint_s3_uri, checkpoint_dir = uri, checkpoint_staging_dir()
-    elif uri:
-        checkpoint_dir = uri
-    elif backend is Backend.SAGEMAKER:
-        # SageMaker syncs this folder with the job's CheckpointConfig S3 URI (managed Spot).
-        checkpoint_dir = SAGEMAKER_CHECKPOINT_DIR
+    else:
+        checkpoint_dir = uri or place.checkpoint_dir()
     serves: tuple[str, ...] = ()
     if group.role is Role.TRAINER:
         if network_interface:
             env["NCCL_SOCKET_IFNAME"] = network_interface
-        # On EC2 the trainer keeps looking for data servers by the cluster's tags while it runs
-        # (a replacement comes back at a new address). A SageMaker job's hosts are fixed for
-        # its lifetime (a managed Spot restart starts the whole job again): the list suffices.
-        data_servers: tuple[str, ...] = found_peers.data_servers
-        if spec.dataprep_groups and backend is Backend.EC2:
-            data_servers = (f"ec2:{identity.cluster or spec.name}",)
-            if identity.region:
-                env.setdefault(ENV_REGION, identity.region)
+        if identity.region and spec.dataprep_groups:  # EC2 (IMDS): where to look for servers
+            env.setdefault(ENV_REGION, identity.region)
         # EFA or TCP sockets, decided once at start-up: FI_* variables only where EFA works.
         env.update(efa_env or {})
         # A timm: init's staged copy, from the job pointer (the EC2 launcher puts it here).
@@ -119,29 +92,23 @@ def make_plan(
         cmd = roles.trainer_command(
             spec,
             spec_path=spec_path,
-            run_dir=run_dir or default_run_dir(spec, backend),
+            run_dir=run_dir or place.run_dir(spec),
             trainer_hosts=found_peers.trainer_hosts(spec),
             node_rank=found_peers.self_index,
-            data_servers=data_servers,
+            data_servers=place.data_servers(spec, identity, found_peers),
             checkpoint_dir=checkpoint_dir,
             rendezvous_port=rendezvous_port,
             rendezvous_timeout_s=rendezvous_timeout_s,
             outcome_dir=outcome_dir,
-            autoscale=backend_arg(spec, backend.value, identity.cluster or spec.name),
+            autoscale=place.autoscale(spec, identity),
             env=env,
         )
         if checkpoint_s3_uri is not None:
             cmd = roles.RoleCommand((*cmd.argv, "--checkpoint-s3-uri", checkpoint_s3_uri), cmd.env)
         commands: tuple[tuple[str, roles.RoleCommand], ...] = (("trainer", cmd),)
     else:
-        # On EC2, the instance's own private address: the one its peers find it by.
-        host = {Backend.LOCAL: "127.0.0.1", Backend.EC2: identity.host or "0.0.0.0"}.get(
-            backend, "0.0.0.0"
-        )
-        base = spec.job.dataplane.port
-        if backend is Backend.LOCAL:
-            # On loopback every dataprep instance needs its own ports.
-            base += found_peers.self_index * group.ranks_per_instance
+        host = place.server_host(identity)
+        base = place.server_port(spec, group, found_peers)
         commands = tuple(
             (
                 f"data-server-{i}",
@@ -154,10 +121,10 @@ def make_plan(
             )
             for i in range(group.ranks_per_instance)
         )
-        reach = "127.0.0.1" if host == "0.0.0.0" else host
+        reach = LOOPBACK if host == ANY_ADDRESS else host
         serves = tuple(f"{reach}:{base + i}" for i in range(group.ranks_per_instance))
     return LaunchPlan(
-        backend=backend,
+        backend=place.name,
         identity=identity,
         role=group.role,
         peers=found_peers,
@@ -170,13 +137,13 @@ def make_plan(
 
 
 def trainer_efa_env(
-    spec: ClusterSpec, identity: GroupIdentity, backend: Backend
+    spec: ClusterSpec, identity: GroupIdentity, place: Place
 ) -> dict[str, str] | None:
     """A trainer's EFA and NCCL variables (``efa.trainer_network``, which logs its decision);
     None, logged, when the group has efa = "on" and this host cannot give NCCL EFA. Local runs
-    talk over loopback on one machine: EFA plays no part there."""
+    talk over loopback on one machine: EFA plays no part there (``Place.uses_efa``)."""
     group = spec.group(identity.group)
-    if group.role is not Role.TRAINER or backend is Backend.LOCAL:
+    if group.role is not Role.TRAINER or not place.uses_efa:
         return {}
     try:
         return dict(efa.trainer_network(group).env)

@@ -26,7 +26,7 @@ import grpc
 from training.common.hosts import LOOPBACK
 from training.common.tensorboard_paths import FOLDER as TB_FOLDER
 from training.common.tensorboard_paths import logdir_command
-from training.dataplane.autoscale import policy_for
+from training.dataplane import autoscale, discovery
 from training.local.tier import LocalDataTier, reports_serving
 from training.processes import roles
 from training.processes.supervised import run_role
@@ -188,7 +188,7 @@ def run_local(
             log.error("%s", e)
             _print_server_logs(logs)
         else:
-            policy = policy_for(spec)
+            policy = autoscale.policy_for(spec)
             if policy is not None and sup.stop_signal is None:
                 tier = _elastic_tier(spec, run_dir, servers, starter, policy.group)
             if sup.stop_signal is None:
@@ -329,11 +329,13 @@ def _run_trainer(
         trainer_hosts=(LOOPBACK,),
         node_rank=0,
         data_servers=(
-            [f"file:{tier.servers_file.resolve()}"] if tier else [addr for addr, _ in servers]
+            [discovery.file_arg(tier.servers_file.resolve())]
+            if tier
+            else [addr for addr, _ in servers]
         ),
         nproc_per_node=n,
         outcome_dir=outcome_dir,
-        autoscale=f"file:{tier.desired_file.resolve()}" if tier else "",
+        autoscale=autoscale.file_arg(tier.desired_file.resolve()) if tier else "",
     )
     log.info("trainer: %d process(es), %d data server(s); output in %s", n, len(servers), run_dir)
     log.info("watch it live: %s", logdir_command((run_dir / TB_FOLDER).resolve()))
