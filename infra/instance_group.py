@@ -266,8 +266,6 @@ class InstanceGroupFleet(Construct):
         super().__init__(scope, construct_id)
         self.group = group
         self.asg_name = asg_name(spec.name, group.name)
-        stack = Stack.of(self)
-
         user_data = ec2.UserData.for_linux()
         user_data.add_commands(
             *user_data_script(
@@ -275,32 +273,68 @@ class InstanceGroupFleet(Construct):
                 group=group,
                 spec_text=spec_text,
                 image_uri=image_uri,
-                region=stack.region,
+                region=Stack.of(self).region,
                 log_group_name=log_group.log_group_name,
                 checkpoint_uri=checkpoint_uri,
                 asg_names=asg_names,
             )
         )
-        ami_parameter = (
-            TRAINER_AMI_PARAMETER if group.role is Role.TRAINER else DATAPREP_AMI_PARAMETER
-        )
-        # One launch template per EFA layout (infra/efa.py): types with different network-card
-        # counts (p4d: 4, p5: 32) cannot share one. Without EFA, one template whose security
-        # group sits on top; with EFA it goes on each interface (EC2 refuses both).
+        self.placement_group = self._placement_group(group)
         layouts = efa_layouts(group)
-        machine_image = ec2.MachineImage.from_ssm_parameter(ami_parameter)
-        # A cluster placement group of the group's own, only where the spec's rule says it pays
-        # (InstanceGroup.uses_cluster_placement: multi-instance trainers, EFA groups). Not one
-        # shared by every group: AWS recommends the same instance type for all instances of a
-        # cluster placement group and a single launch request; more types or later launches
+        self._make_launch_templates(spec, group, layouts, user_data, role, security_group)
+        self.auto_scaling_group = self._make_auto_scaling_group(group, layouts, vpc, subnet)
+        self._apply_sizes_on_update()
+        if group.role is Role.TRAINER:
+            self._checkpoint_on_termination()
+        for key, value in (
+            (TAG_CLUSTER, spec.name),
+            (TAG_GROUP, group.name),
+            (TAG_ROLE, group.role.value),
+            ("Name", self.asg_name),
+        ):
+            Tags.of(self.auto_scaling_group).add(key, value, apply_to_launched_instances=True)
+        logger.debug(
+            "group %s: %s x %s (%s, EFA layouts %s)",
+            group.name,
+            f"{group.count} ({group.min_size}-{group.max_size})" if group.elastic else group.count,
+            "/".join(group.instance_types),
+            group.market.value,
+            {layout.name: names for layout, names in layouts.items()} or "none",
+        )
+
+    def _placement_group(self, group: InstanceGroup) -> ec2.PlacementGroup | None:
+        """A cluster placement group of the group's own, only where the spec's rule says it pays
+        (``InstanceGroup.uses_cluster_placement``: multi-instance trainers, EFA groups)."""
+        # Not one shared by every group: AWS recommends the same instance type for all instances
+        # of a cluster placement group and a single launch request; more types or later launches
         # (Spot replacements, Capacity Rebalancing, another group's start) raise the chance of
         # an insufficient capacity error. https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html#placement-groups-cluster
         # Groups without one still launch into the cluster's one subnet, so in the same AZ.
-        self.placement_group: ec2.PlacementGroup | None = (
-            ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
-            if group.uses_cluster_placement
-            else None
+        if not group.uses_cluster_placement:
+            return None
+        return ec2.PlacementGroup(
+            self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
         )
+
+    def _make_launch_templates(
+        self,
+        spec: ClusterSpec,
+        group: InstanceGroup,
+        layouts: dict[EfaLayout, list[str]],
+        user_data: ec2.UserData,
+        role: iam.IRole,
+        security_group: ec2.ISecurityGroup,
+    ) -> None:
+        """One launch template per EFA layout (infra/efa.py): types with different network-card
+        counts (p4d: 4, p5: 32) cannot share one. Without EFA, one template whose security group
+        sits on top; with EFA it goes on each interface (EC2 refuses both). Sets
+        ``launch_templates`` and ``launch_template``, the policy's (the first layout's, that of
+        the most preferred type, keeps the id "LaunchTemplate"; each further layout gets its own,
+        named after it)."""
+        ami_parameter = (
+            TRAINER_AMI_PARAMETER if group.role is Role.TRAINER else DATAPREP_AMI_PARAMETER
+        )
+        machine_image = ec2.MachineImage.from_ssm_parameter(ami_parameter)
 
         def make_template(construct_id: str, layout: EfaLayout | None) -> ec2.LaunchTemplate:
             template = ec2.LaunchTemplate(
@@ -341,8 +375,6 @@ class InstanceGroupFleet(Construct):
             return template
 
         ordered: list[EfaLayout | None] = [*layouts] or [None]
-        # The first layout (that of the most preferred type) keeps the id "LaunchTemplate" and
-        # is the policy's template; each further layout gets its own, named after it.
         self.launch_templates: dict[EfaLayout | None, ec2.LaunchTemplate] = {
             layout: make_template(
                 "LaunchTemplate" if i == 0 or layout is None else f"LaunchTemplate{layout.name}",
@@ -351,6 +383,17 @@ class InstanceGroupFleet(Construct):
             for i, layout in enumerate(ordered)
         }
         self.launch_template = self.launch_templates[ordered[0]]
+
+    def _make_auto_scaling_group(
+        self,
+        group: InstanceGroup,
+        layouts: dict[EfaLayout, list[str]],
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+    ) -> autoscaling.AutoScalingGroup:
+        """The group's Auto Scaling group: its mixed-instances policy over the group's types
+        (each with its layout's template where that is not the policy's), its sizes, and the
+        in-service metric for trainers."""
         template_of_type = {
             name: self.launch_templates[layout]
             for layout, names in layouts.items()
@@ -374,7 +417,7 @@ class InstanceGroupFleet(Construct):
                 on_demand_percentage_above_base_capacity=100,
                 on_demand_allocation_strategy=autoscaling.OnDemandAllocationStrategy.PRIORITIZED,
             )
-        self.auto_scaling_group = autoscaling.AutoScalingGroup(
+        fleet = autoscaling.AutoScalingGroup(
             self,
             "AutoScalingGroup",
             vpc=vpc,
@@ -408,14 +451,17 @@ class InstanceGroupFleet(Construct):
         )
         # Intended: a deploy that changes the group sets it to the spec's count, which is how a
         # deployed job starts; the launcher scales it to zero when the job ends.
-        Annotations.of(self.auto_scaling_group).acknowledge_warning(
+        Annotations.of(fleet).acknowledge_warning(
             "@aws-cdk/aws-autoscaling:desiredCapacitySet",
             "deploy starts the job: desired capacity is the spec's count on every deploy",
         )
-        # CDK's default UpdatePolicy sets IgnoreUnmodifiedGroupSizeProperties, so an update would
-        # keep the 0 the launcher left at job end. Off: an update of the group (a changed spec
-        # changes its launch template) applies the template's sizes again.
-        # https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-updatepolicy.html
+        return fleet
+
+    def _apply_sizes_on_update(self) -> None:
+        """CDK's default UpdatePolicy sets IgnoreUnmodifiedGroupSizeProperties, so an update
+        would keep the 0 the launcher left at job end. Off: an update of the group (a changed
+        spec changes its launch template) applies the template's sizes again.
+        https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-updatepolicy.html"""
         cfn_asg = self.auto_scaling_group.node.default_child
         assert isinstance(cfn_asg, autoscaling.CfnAutoScalingGroup)
         cfn_asg.cfn_options.update_policy = CfnUpdatePolicy(
@@ -423,30 +469,17 @@ class InstanceGroupFleet(Construct):
                 ignore_unmodified_group_size_properties=False
             )
         )
-        if group.role is Role.TRAINER:
-            # Capacity Rebalancing and scale-in terminate instances themselves, without a Spot
-            # notice: the hook keeps the instance in Terminating:Wait until the launcher has
-            # checkpointed (IMDS autoscaling/target-lifecycle-state says Terminated meanwhile).
-            # https://docs.aws.amazon.com/autoscaling/ec2/userguide/retrieving-target-lifecycle-state-through-imds.html
-            self.auto_scaling_group.add_lifecycle_hook(
-                "CheckpointOnTermination",
-                lifecycle_hook_name=LIFECYCLE_HOOK_NAME,
-                lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
-                heartbeat_timeout=TERMINATION_HOOK_TIMEOUT,
-                default_result=autoscaling.DefaultResult.CONTINUE,
-            )
-        for key, value in (
-            (TAG_CLUSTER, spec.name),
-            (TAG_GROUP, group.name),
-            (TAG_ROLE, group.role.value),
-            ("Name", self.asg_name),
-        ):
-            Tags.of(self.auto_scaling_group).add(key, value, apply_to_launched_instances=True)
-        logger.debug(
-            "group %s: %s x %s (%s, EFA layouts %s)",
-            group.name,
-            f"{group.count} ({group.min_size}-{group.max_size})" if group.elastic else group.count,
-            "/".join(group.instance_types),
-            group.market.value,
-            {layout.name: names for layout, names in layouts.items()} or "none",
+
+    def _checkpoint_on_termination(self) -> None:
+        """A trainer's termination hook. Capacity Rebalancing and scale-in terminate instances
+        themselves, without a Spot notice: the hook keeps the instance in Terminating:Wait
+        until the launcher has checkpointed (IMDS autoscaling/target-lifecycle-state says
+        Terminated meanwhile).
+        https://docs.aws.amazon.com/autoscaling/ec2/userguide/retrieving-target-lifecycle-state-through-imds.html"""
+        self.auto_scaling_group.add_lifecycle_hook(
+            "CheckpointOnTermination",
+            lifecycle_hook_name=LIFECYCLE_HOOK_NAME,
+            lifecycle_transition=autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
+            heartbeat_timeout=TERMINATION_HOOK_TIMEOUT,
+            default_result=autoscaling.DefaultResult.CONTINUE,
         )
