@@ -1,4 +1,5 @@
-"""Where the trainer's batches come from: the data plane, a local DataLoader, or memory.
+"""Where the trainer's batches come from: the data plane, a local DataLoader, or memory; and the
+data-tier controller beside a data-plane input (``build_autoscaler``).
 
 Each input is a ``BatchStream`` (``training.trainer.stream``: the contract every input keeps).
 """
@@ -13,10 +14,12 @@ from typing import Any
 
 import torch
 
+from training.common.jobrecord import JobRecord
 from training.data.batch import Batch, Unreadable
 from training.data.loader import local_loader
 from training.data.order import epoch_order
 from training.data.splits import build_split
+from training.dataplane.autoscale import Autoscaler, actuator_from_arg, policy_for
 from training.spec import JobSpec
 from training.trainer.config import InputKind, TrainerConfig
 from training.trainer.remote import DataPlaneBatches
@@ -177,3 +180,26 @@ def build_stream(
     if config.input.kind is InputKind.LOCAL:
         return LocalBatches(job, rank=rank, world_size=world_size, epochs=config.epochs)
     return DataPlaneBatches(config, rank=rank, world_size=world_size, pin_memory=pin_memory)
+
+
+def build_autoscaler(config: TrainerConfig, stream: Any, rank: int) -> Autoscaler | None:
+    """The data-tier controller beside the trainer, or None: built on global rank 0 only, for an
+    elastic dataprep group, when the launcher names a backend (``--autoscale``). Its decisions
+    also go to the job record where the job keeps one (checkpoints in S3)."""
+    backend = config.input.autoscale
+    if rank != 0 or config.input.kind is not InputKind.DATAPLANE or not backend:
+        return None
+    policy = policy_for(config.spec)
+    if policy is None:
+        log.info("--autoscale %s: no dataprep group is elastic; the count stays", backend)
+        return None
+    group = next(g for g in config.spec.dataprep_groups if g.name == policy.group)
+    record = JobRecord(config.checkpoint.s3_uri) if config.checkpoint.s3_uri else None
+    return Autoscaler(
+        policy,
+        actuator_from_arg(backend, group.count, record.leaving if record is not None else None),
+        stream.client.pool.server_loads,
+        run_dir=config.run_dir,
+        start_count=group.count,
+        on_decision=None if record is None else lambda d: record.add_decision(d.as_dict()),
+    )

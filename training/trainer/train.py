@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import resource
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,15 +24,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from training.common.jobrecord import JobRecord
 from training.common.outcome import Outcome, RankOutcome
 from training.common.progress import ProgressWriter
 from training.common.tensorboard_paths import tensorboard_uri
 from training.data.batch import Batch
-from training.dataplane.autoscale import Autoscaler, actuator_from_arg, policy_for
 from training.dataplane.client import DataWaitInterrupted
 from training.trainer.checkpoint import Checkpointer, Restored, completed_at
 from training.trainer.checkpoint_policy import CheckpointPolicy
@@ -43,8 +40,9 @@ from training.trainer.distributed import DistEnv, gloo_group, init_distributed
 from training.trainer.eval_data import ValidationBatches
 from training.trainer.evaluate import EvaluationInterrupted, Scores, evaluate
 from training.trainer.export import export_trained
-from training.trainer.inputs import build_stream
+from training.trainer.inputs import build_autoscaler, build_stream
 from training.trainer.lookahead import Lookahead
+from training.trainer.memory_use import local_state_bytes, peak_rss_bytes
 from training.trainer.metrics import (
     EvalResult,
     EvalScores,
@@ -77,6 +75,35 @@ from training.trainer.unreadable import UnreadableSamples
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+@dataclass
+class LoopState:
+    """The training loop's state between steps, for one ``Trainer.train``."""
+
+    start_step: int
+    started: float
+    """``time.perf_counter()`` when the loop started (the run's wall time counts from it)."""
+    lr: float
+    """The learning rate of the newest step (the last log line's)."""
+    loss_sum: torch.Tensor
+    """The applied steps' losses since the last log line, on the device."""
+    interval: Interval = field(default_factory=Interval)
+    stopped_by: str = "steps"
+    eval_excluded: list[float] = field(default_factory=list)
+    """Seconds spent evaluating (not training time)."""
+
+
+@dataclass
+class Accumulated:
+    """One step's micro-batches through the model: where the data stood before them, their
+    summed loss, their epoch and samples, and whether this rank was stopped waiting (void)."""
+
+    data_state: Any
+    loss: torch.Tensor
+    epoch: int
+    sample_ids: list[torch.Tensor] = field(default_factory=list)
+    void: bool = False
 
 
 class Trainer:
@@ -305,134 +332,153 @@ class Trainer:
     def train(self) -> int:
         """Run until the step count, the epochs, ``--max-seconds`` or a stop signal;
         checkpoint and write metrics. Sets ``self.outcome`` and returns its exit code."""
-        c = self.config
         self.resume()
         self.progress.beat(self.step, "resumed")
         self._start_tensorboard()
-        job = c.spec.job
-        start_step = self.step
-        started = time.perf_counter()
-        eval_excluded: list[float] = []  # seconds spent evaluating (not training time)
-        interval = Interval()
-        loss_sum = torch.zeros((), device=self.device)
-        stopped_by = "steps"
-        lr = self.lr_at(self.step + 1)
-        if job.eval.at_start and self.step == 0 and self.validation is not None:
+        zero = torch.zeros((), device=self.device)
+        run = LoopState(self.step, time.perf_counter(), self.lr_at(self.step + 1), zero)
+        if self.config.spec.job.eval.at_start and self.step == 0 and self.validation is not None:
             # What the starting weights score, before any update (evaluation is not step time).
-            interval.started += self._validate(started, eval_excluded)
-        while c.total_steps is None or self.step < c.total_steps:
-            step_started, waited_before = time.perf_counter(), interval.data_wait_s
-            lr = self.lr_at(self.step + 1)
-            LearningRate.apply(self.optimizer, lr)
-            data_state = self.inputs.state_dict()  # the position before this step's batches
-            void = False  # this rank was stopped while waiting for a batch
-            step_loss = torch.zeros((), device=self.device)
-            step_ids: list[torch.Tensor] = []
-            epoch = self.inputs.epoch
-            try:
-                for micro in range(c.grad_accum_steps):
-                    t0 = time.perf_counter()
-                    try:
-                        batch = self.inputs.next()
-                    except DataInterrupted:
-                        # Still run the micro-step (blank, zero weight): the other ranks'
-                        # collectives need this rank; the step is then not applied.
-                        void, batch = True, self._blank
-                    interval.data_wait_s += time.perf_counter() - t0
-                    self.unreadable.met(batch)
-                    if micro == 0:
-                        epoch = self.inputs.epoch  # the epoch this step's first batch is from
-                        self._show_inputs(batch)
-                    step_ids.append(batch.sample_ids)
-                    last_micro = micro == c.grad_accum_steps - 1
-                    step_loss += self._micro_step(batch, sync=last_micro, micro=micro)
-            except EndOfData:
-                self.optimizer.zero_grad(set_to_none=True)  # A partial accumulation: dropped.
-                stopped_by = "epochs"
-                break
-            elapsed = time.perf_counter() - started
-            # Out of time stops the run unless this step is its last: a finished run is not
-            # "stopped" (the same on every rank: they are at the same step).
-            out_of_time = (
-                (c.max_seconds is not None and elapsed >= c.max_seconds)
-                or (c.deadline is not None and time.time() >= c.deadline)
-            ) and (c.total_steps is None or self.step + 1 < c.total_steps)
-            if out_of_time:
-                self.stop.request()
-            # The total gradient norm before clipping (clipped to job.clip_grad_norm) and this
-            # rank's loss, read on the host: every rank learns below whether any is not finite.
-            grad_norm = clip_gradients(self.model, job.clip_grad_norm)
-            more = c.total_steps is None or self.step + 1 < c.total_steps
-            if self.take_ahead and more and not self.stop.local:
-                # While the GPU still runs this step: the read below waits for it to finish.
-                interval.data_wait_s += self.inputs.take_ahead()
-            numbers = StepNumbers.read(step_loss, grad_norm)
-            flags = self.stop.agree(
-                void, save_busy=self.policy.busy, nonfinite=not numbers.finite,
-                unreadable=self.unreadable.pending,
-            )  # fmt: skip
-            if flags.unreadable:
-                self.unreadable.share(self.world_size, self.stop.group)
-            if flags.void:
-                # A rank was stopped before it had this step's data: no rank applies the step,
-                # and the checkpoint keeps every rank's position from before it (no sample lost
-                # or repeated on resume).
-                self.optimizer.zero_grad(set_to_none=True)
-                self._data_state = data_state
-                stopped_by = self.stop.signal_name or "peer"
-                log.info("stopped while waiting for data: step %d not applied", self.step + 1)
-                break
-            # A background save must have copied the state before the optimizer changes it.
-            stall = self.policy.before_update()
-            if flags.nonfinite:
-                # No rank applies it; the step still counts (schedule, data, checkpoints).
-                self.nonfinite.skip(self.step + 1, numbers)  # raises after too many in a row
-                interval.skipped += 1
-            else:
-                self.nonfinite.applied()
-                self.optimizer.step()
-                interval.add_grad_norm(numbers.grad_norm)
-                loss_sum += step_loss
-                if not self.state_bytes:
-                    self.state_bytes = local_state_bytes(self.model, self.optimizer)
+            run.interval.started += self._validate(run.started, run.eval_excluded)
+        total = self.config.total_steps
+        while (total is None or self.step < total) and self._step(run):
+            pass
+        return self._finish(run)
+
+    def _accumulate(self, run: LoopState) -> Accumulated | None:
+        """This step's micro-batches through the model (gradients accumulated, not applied);
+        None at the end of the data (a partial accumulation dropped)."""
+        c = self.config
+        done = Accumulated(
+            self.inputs.state_dict(),  # the position before this step's batches
+            torch.zeros((), device=self.device),
+            self.inputs.epoch,
+        )
+        try:
+            for micro in range(c.grad_accum_steps):
+                t0 = time.perf_counter()
+                try:
+                    batch = self.inputs.next()
+                except DataInterrupted:
+                    # Still run the micro-step (blank, zero weight): the other ranks'
+                    # collectives need this rank; the step is then not applied.
+                    done.void, batch = True, self._blank
+                run.interval.data_wait_s += time.perf_counter() - t0
+                self.unreadable.met(batch)
+                if micro == 0:
+                    done.epoch = self.inputs.epoch  # the epoch this step's first batch is from
+                    self._show_inputs(batch)
+                done.sample_ids.append(batch.sample_ids)
+                last_micro = micro == c.grad_accum_steps - 1
+                done.loss += self._micro_step(batch, sync=last_micro, micro=micro)
+        except EndOfData:
             self.optimizer.zero_grad(set_to_none=True)
-            pace = c.pace_at(self.step + 1)
-            if pace:  # a test's stand-in for a slower device: compute takes at least this
-                busy = time.perf_counter() - step_started - (interval.data_wait_s - waited_before)
-                time.sleep(max(0.0, pace - busy))
-            self.step += 1
-            interval.steps += 1
-            self.progress.beat(self.step, "train")
-            # Raises past the share: the samples met are the steps' global batches.
-            self.unreadable.judge(self.step * self.metrics.facts.global_batch)
-            if self.ema is not None and not flags.nonfinite:
-                self.ema.update(unwrap(self.model), step=self.step)
-            if self.samples is not None:
-                self.samples.append(self.step, epoch, step_ids)
-            last = flags.stop or self.step == c.total_steps
-            if self.step % c.log_every_steps == 0 or last:
-                self._log(interval, loss_sum, lr)
-                loss_sum.zero_()
-                interval.reset()
-            if flags.stop:
-                stopped_by = self.stop.signal_name or ("max-seconds" if out_of_time else "peer")
-                break
-            stall += self.policy.at_step(self.step, flags, self.model, self.optimizer, self._data())
-            interval.started += stall  # Saving is not step time.
-            interval.checkpoint_s += stall
-            every = job.eval.every_steps
-            if every and self.step % every == 0 and self.step != c.total_steps:
-                # Evaluating is neither step time nor data wait.
-                interval.started += self._validate(started, eval_excluded)
-        if interval.steps:
-            self._log(interval, loss_sum, lr)
+            run.stopped_by = "epochs"
+            return None
+        return done
+
+    def _step(self, run: LoopState) -> bool:
+        """One optimizer step: its batches, the ranks' agreement on it (stop, void, not
+        finite), the update, the EMA, logs, checkpoints and evaluation. False when the loop
+        ends here (``run.stopped_by`` says why)."""
+        c = self.config
+        job = c.spec.job
+        interval = run.interval
+        step_started, waited_before = time.perf_counter(), interval.data_wait_s
+        run.lr = self.lr_at(self.step + 1)
+        LearningRate.apply(self.optimizer, run.lr)
+        done = self._accumulate(run)
+        if done is None:
+            return False
+        elapsed = time.perf_counter() - run.started
+        # Out of time stops the run unless this step is its last: a finished run is not
+        # "stopped" (the same on every rank: they are at the same step).
+        out_of_time = (
+            (c.max_seconds is not None and elapsed >= c.max_seconds)
+            or (c.deadline is not None and time.time() >= c.deadline)
+        ) and (c.total_steps is None or self.step + 1 < c.total_steps)
+        if out_of_time:
+            self.stop.request()
+        # The total gradient norm before clipping (clipped to job.clip_grad_norm) and this
+        # rank's loss, read on the host: every rank learns below whether any is not finite.
+        grad_norm = clip_gradients(self.model, job.clip_grad_norm)
+        more = c.total_steps is None or self.step + 1 < c.total_steps
+        if self.take_ahead and more and not self.stop.local:
+            # While the GPU still runs this step: the read below waits for it to finish.
+            interval.data_wait_s += self.inputs.take_ahead()
+        numbers = StepNumbers.read(done.loss, grad_norm)
+        flags = self.stop.agree(
+            done.void, save_busy=self.policy.busy, nonfinite=not numbers.finite,
+            unreadable=self.unreadable.pending,
+        )  # fmt: skip
+        if flags.unreadable:
+            self.unreadable.share(self.world_size, self.stop.group)
+        if flags.void:
+            # A rank was stopped before it had this step's data: no rank applies the step,
+            # and the checkpoint keeps every rank's position from before it (no sample lost
+            # or repeated on resume).
+            self.optimizer.zero_grad(set_to_none=True)
+            self._data_state = done.data_state
+            run.stopped_by = self.stop.signal_name or "peer"
+            log.info("stopped while waiting for data: step %d not applied", self.step + 1)
+            return False
+        # A background save must have copied the state before the optimizer changes it.
+        stall = self.policy.before_update()
+        if flags.nonfinite:
+            # No rank applies it; the step still counts (schedule, data, checkpoints).
+            self.nonfinite.skip(self.step + 1, numbers)  # raises after too many in a row
+            interval.skipped += 1
+        else:
+            self.nonfinite.applied()
+            self.optimizer.step()
+            interval.add_grad_norm(numbers.grad_norm)
+            run.loss_sum += done.loss
+            if not self.state_bytes:
+                self.state_bytes = local_state_bytes(self.model, self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        pace = c.pace_at(self.step + 1)
+        if pace:  # a test's stand-in for a slower device: compute takes at least this
+            busy = time.perf_counter() - step_started - (interval.data_wait_s - waited_before)
+            time.sleep(max(0.0, pace - busy))
+        self.step += 1
+        interval.steps += 1
+        self.progress.beat(self.step, "train")
+        # Raises past the share: the samples met are the steps' global batches.
+        self.unreadable.judge(self.step * self.metrics.facts.global_batch)
+        if self.ema is not None and not flags.nonfinite:
+            self.ema.update(unwrap(self.model), step=self.step)
+        if self.samples is not None:
+            self.samples.append(self.step, done.epoch, done.sample_ids)
+        last = flags.stop or self.step == c.total_steps
+        if self.step % c.log_every_steps == 0 or last:
+            self._log(interval, run.loss_sum, run.lr)
+            run.loss_sum.zero_()
+            interval.reset()
+        if flags.stop:
+            run.stopped_by = self.stop.signal_name or ("max-seconds" if out_of_time else "peer")
+            return False
+        stall += self.policy.at_step(self.step, flags, self.model, self.optimizer, self._data())
+        interval.started += stall  # Saving is not step time.
+        interval.checkpoint_s += stall
+        every = job.eval.every_steps
+        if every and self.step % every == 0 and self.step != c.total_steps:
+            # Evaluating is neither step time nor data wait.
+            interval.started += self._validate(run.started, run.eval_excluded)
+        return True
+
+    def _finish(self, run: LoopState) -> int:
+        """After the loop: the last log line, the final checkpoint, the outcome, the exported
+        model of a finished run, and the summary. Returns the outcome's exit code."""
+        c = self.config
+        if run.interval.steps:
+            self._log(run.interval, run.loss_sum, run.lr)
         self.progress.beat(self.step, "final-checkpoint")
         final_error = self.policy.finish(self.step, self.model, self.optimizer, self._data())
-        self.outcome = self._outcome(stopped_by, final_error)
+        self.outcome = self._outcome(run.stopped_by, final_error)
         exported: str | None = None
         if self.outcome.outcome is Outcome.FINISHED:
             if self.validation is not None:
-                self._validate(started, eval_excluded)
+                self._validate(run.started, run.eval_excluded)
             # The model a user loads: model.safetensors + config.json beside the checkpoints.
             self.progress.beat(self.step, "export")
             ema = self.ema.module if self.ema is not None else None
@@ -454,11 +500,11 @@ class Trainer:
             dist.all_gather_object(per_rank, memory)
         summary = self.metrics.finish(
             {
-                "stopped_by": stopped_by,
+                "stopped_by": run.stopped_by,
                 "outcome": self.outcome.outcome.value,
-                "start_step": start_step,
+                "start_step": run.start_step,
                 "resumed_from": str(self.restored.path) if self.restored else None,
-                "wall_s": time.perf_counter() - started,
+                "wall_s": time.perf_counter() - run.started,
                 "world_size": self.world_size,
                 "strategy": str(self.dims.strategy),
                 "grad_compression": str(self.config.parallel.grad_compression),
@@ -638,53 +684,3 @@ class Trainer:
         self.checkpointer.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def build_autoscaler(config: TrainerConfig, stream: Any, rank: int) -> Autoscaler | None:
-    """The data-tier controller beside the trainer, or None: built on global rank 0 only, for an
-    elastic dataprep group, when the launcher names a backend (``--autoscale``). Its decisions
-    also go to the job record where the job keeps one (checkpoints in S3)."""
-    backend = config.input.autoscale
-    if rank != 0 or config.input.kind is not InputKind.DATAPLANE or not backend:
-        return None
-    policy = policy_for(config.spec)
-    if policy is None:
-        log.info("--autoscale %s: no dataprep group is elastic; the count stays", backend)
-        return None
-    group = next(g for g in config.spec.dataprep_groups if g.name == policy.group)
-    record = JobRecord(config.checkpoint.s3_uri) if config.checkpoint.s3_uri else None
-    return Autoscaler(
-        policy,
-        actuator_from_arg(backend, group.count, record.leaving if record is not None else None),
-        stream.client.pool.server_loads,
-        run_dir=config.run_dir,
-        start_count=group.count,
-        on_decision=None if record is None else lambda d: record.add_decision(d.as_dict()),
-    )
-
-
-def _local_bytes(t: torch.Tensor) -> int:
-    """Bytes this rank holds for ``t`` (its shard, for an FSDP DTensor)."""
-    local = t.to_local() if isinstance(t, DTensor) else t
-    return local.numel() * local.element_size()
-
-
-def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Parameter, gradient and optimizer-state bytes held by this rank, from the tensors."""
-    params = grads = 0
-    for p in model.parameters():
-        params += _local_bytes(p)
-        if p.grad is not None:
-            grads += _local_bytes(p.grad)
-    optim = sum(
-        _local_bytes(v)
-        for state in optimizer.state.values()
-        for v in state.values()
-        if isinstance(v, torch.Tensor) and v.numel() > 1
-    )
-    return {"param_bytes": params, "grad_bytes": grads, "optimizer_bytes": optim}
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
