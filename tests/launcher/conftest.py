@@ -12,6 +12,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from training.launcher.ec2_job import Ec2Job, JobAws, job_clock
 from training.spec import ClusterSpec, load_spec
 
 # Two trainer hosts with 4 GPUs each, two dataprep hosts: enough to check ordering and ranks.
@@ -181,3 +182,20 @@ def spec_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def spec(spec_path: Path) -> ClusterSpec:
     return load_spec(spec_path)
+
+
+def ec2_job(
+    spec: ClusterSpec,
+    *,
+    ec2: Any,
+    autoscaling: Any,
+    record: Any,
+    asg_names: list[str],
+    job_watch: Any = None,
+    **kwargs: Any,
+) -> Ec2Job:
+    """An ``Ec2Job`` wired as ``ec2_start`` wires it: these clients, record and groups, and the
+    budget clock ``job_clock`` makes from them; ``kwargs``: the job's other arguments."""
+    aws = JobAws(ec2=ec2, autoscaling=autoscaling, record=record, asg_names=asg_names)
+    clock = job_clock(spec, kwargs["identity"], aws, job_watch)
+    return Ec2Job(spec, aws=aws, clock=clock, job_watch=job_watch, **kwargs)

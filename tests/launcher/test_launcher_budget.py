@@ -29,7 +29,7 @@ from training.spec import ClusterSpec, Role, load_spec
 from training.workstation.jobstart import start_job
 from training.workstation.status import JobStatus, budget_line
 
-from .conftest import FakeImds, one_of_each
+from .conftest import FakeImds, ec2_job, one_of_each
 from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (fixture)
 from .test_launcher_jobstart import Recording
 
@@ -172,7 +172,7 @@ def budget_job(
         restart_budget=0, restart_backoff_s=0.05, peer_timeout_s=10, poll_s=0.1,
         spot_poll_s=0.1, grace_s=10, imds_url=imds.url, imds_timeout_s=1.0, subreaper=False,
     )  # fmt: skip
-    job = Ec2Job(
+    job = ec2_job(
         spec, identity=identity, settings=settings, plan_for=plan_for, environ={},
         run_dir=tmp_path / "run", ec2=cluster["ec2"], autoscaling=cluster["asg"],
         record=JobRecord(URI), asg_names=cluster["names"],
@@ -377,7 +377,7 @@ def test_job_start_may_give_the_resumed_job_a_cap_of_its_own(
         assert (pointer.max_usd, pointer.max_hours) == (25.0, None)
         assert "budget: max_usd 25 (instead of the spec's)" in report(started, spec_path="s")
         # A host of the new job: its loop's budget is the pointer's cap and the spec's other.
-        host = Ec2Job(
+        host = ec2_job(
             spec,
             identity=GroupIdentity("trainer", GroupSource.EC2, instance_id="i-1", cluster="one"),
             settings=LoopSettings(),

@@ -27,7 +27,7 @@ from training.launcher.spot import REBALANCE_PATH, TARGET_LIFECYCLE_PATH
 from training.processes.roles import RoleCommand
 from training.spec import ClusterSpec, Role, load_spec
 
-from .conftest import FakeImds, one_of_each
+from .conftest import FakeImds, ec2_job, one_of_each
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"
@@ -209,7 +209,7 @@ def make_job(
         subreaper=False,  # the test process must not adopt other tests' orphans
         **settings,
     )  # fmt: skip
-    job = Ec2Job(
+    job = ec2_job(
         spec, identity=identity, settings=settings, plan_for=plan_for,
         environ={"HETERO_LIFECYCLE_HOOK": "hetero-checkpoint"}, run_dir=tmp_path / "run",
         ec2=cluster["ec2"], autoscaling=cluster["asg"], record=JobRecord(URI),
@@ -568,7 +568,7 @@ def dataprep_job(
         spot_poll_s=0.1, grace_s=5, imds_url=fake_imds.url, imds_timeout_s=1.0,
         subreaper=False, heartbeat_s=0.3, silent_after_s=3.0,
     )  # fmt: skip
-    job = Ec2Job(
+    job = ec2_job(
         cluster["spec"], identity=identity, settings=settings, plan_for=plan_for,
         environ={"HETERO_LIFECYCLE_HOOK": "hetero-checkpoint"}, run_dir=tmp_path / "run",
         ec2=cluster["ec2"], autoscaling=cluster["asg"], record=JobRecord(URI),

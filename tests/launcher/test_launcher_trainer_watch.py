@@ -21,7 +21,7 @@ from training.launcher.trainer_watch import NoTrainerWatch, newest_trainer_write
 from training.processes.roles import RoleCommand
 from training.spec import ClusterSpec, Role
 
-from .conftest import FakeImds
+from .conftest import FakeImds, ec2_job
 from .test_launcher_ec2_job import REGION, URI, cluster, desired  # noqa: F401 (a fixture)
 
 
@@ -138,7 +138,7 @@ def data_server_job(
         spot_poll_s=0.1, grace_s=10, imds_url=fake_imds.url, imds_timeout_s=1.0,
         subreaper=False, heartbeat_s=0.1, no_trainer_timeout_s=no_trainer_timeout_s,
     )  # fmt: skip
-    return Ec2Job(
+    return ec2_job(
         spec, identity=identity, settings=settings, plan_for=plan_for, environ={},
         run_dir=tmp_path / "run", ec2=cluster["ec2"], autoscaling=cluster["asg"],
         record=JobRecord(URI), asg_names=cluster["names"],

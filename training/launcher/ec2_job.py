@@ -112,8 +112,36 @@ class GenerationResult:
     """A rank failed in a way no restart can fix (``outcome.not_retried``): its reason."""
 
 
+@dataclass(frozen=True)
+class JobAws:
+    """What a host's job loop acts on in AWS: its EC2 and Auto Scaling clients, the job record
+    (None: the job keeps none), and the cluster's Auto Scaling groups (every group's name, for
+    the job's end and the budget's backstop)."""
+
+    ec2: Any
+    autoscaling: Any
+    record: JobRecord | None
+    asg_names: list[str]
+
+
+def job_clock(
+    spec: ClusterSpec, identity: GroupIdentity, aws: JobAws, job_watch: JobWatch | None
+) -> JobClock:
+    """The job's budget clock: the budget priced from the job pointer, else from what a deploy's
+    job recorded (its first host prices it, Spot from AWS: ``deploy_job_prices``), else from
+    the spec and the dated catalogue; the job's start from the pointer, else the record."""
+    pointer = job_watch.pointer if job_watch else None
+    recorded = deploy_job_prices(
+        spec, pointer, aws.record, ec2=aws.ec2,
+        zone=identity.availability_zone, region=identity.region,
+    )  # fmt: skip
+    budget = Budget.of(spec, pointer, recorded=recorded)
+    return JobClock(budget, aws.record, lambda: job_watch.pointer.started if job_watch else None)
+
+
 class Ec2Job:
-    """One EC2 host's part of the job (see the module docstring)."""
+    """One EC2 host's part of the job (see the module docstring). Its collaborators are made
+    by the caller (``ec2_start``): the AWS it acts on and the budget's clock (``job_clock``)."""
 
     def __init__(
         self,
@@ -124,10 +152,8 @@ class Ec2Job:
         plan_for: Callable[[Peers, int, str], Any],
         environ: Mapping[str, str],
         run_dir: Path,
-        ec2: Any,
-        autoscaling: Any,
-        record: JobRecord | None,
-        asg_names: list[str],
+        aws: JobAws,
+        clock: JobClock,
         job_watch: JobWatch | None = None,
     ) -> None:
         self.identity = identity
@@ -139,9 +165,9 @@ class Ec2Job:
         self.environ = environ
         self.run_dir = run_dir
         self.outcome_dir = run_dir / "outcome"
-        self.autoscaling = autoscaling
-        self.record = record
-        self.asg_names = asg_names
+        self.autoscaling = aws.autoscaling
+        self.record = aws.record
+        self.asg_names = aws.asg_names
         self.job_watch = job_watch
         """Reads the job pointer (None: no pointer, the job never changes under this host)."""
         self.hook = environ.get(ENV_LIFECYCLE_HOOK, "").strip()
@@ -151,7 +177,7 @@ class Ec2Job:
         self.hung_in: int | None = None
         """The last generation of this host that hung."""
         self.host = HostRecord(
-            record,
+            aws.record,
             self.instance_id,
             group=self.group.name,
             address=identity.host,
@@ -160,16 +186,8 @@ class Ec2Job:
         self.ended_job = False
         """True once this host ended the job (outcome recorded, every group scaled to zero)."""
         self.backstop_put = False  # the budget's scheduled action (``backstop.put_for_job``)
-        pointer = job_watch.pointer if job_watch else None
-        recorded = deploy_job_prices(
-            spec, pointer, record, ec2=ec2, zone=identity.availability_zone, region=identity.region
-        )
-        self.budget = Budget.of(spec, pointer, recorded=recorded)
-        self.clock = JobClock(
-            self.budget,
-            record,
-            lambda: self.job_watch.pointer.started if self.job_watch else None,
-        )
+        self.budget = clock.budget
+        self.clock = clock
         cluster = identity.cluster or spec.name
         self.watches = Ec2Watches(
             self.signals,
@@ -177,16 +195,17 @@ class Ec2Job:
             spec=spec,
             group=self.group,
             cluster=cluster,
-            ec2=ec2,
-            autoscaling=autoscaling,
+            ec2=aws.ec2,
+            autoscaling=aws.autoscaling,
             settings=settings,
             run_dir=run_dir,
             clock=self.clock,
             end=self._end,
         )
         self.current_membership = partial(
-            current_membership, ec2, autoscaling, cluster=cluster, group=self.group.name,
-            count=self.group.count, leaving=self._gone, observe=self.host.census.observe,
+            current_membership, aws.ec2, aws.autoscaling, cluster=cluster,
+            group=self.group.name, count=self.group.count, leaving=self._gone,
+            observe=self.host.census.observe,
         )  # fmt: skip
         """The trainer group's usable instances now (``membership.current_membership``)."""
 

@@ -30,7 +30,7 @@ from training.common.names import (
 from training.common.outcome import EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED
 from training.launcher import early_exit, job_end, peers
 from training.launcher.backends import PLACES, Backend
-from training.launcher.ec2_job import EXIT_NEW_JOB, Ec2Job
+from training.launcher.ec2_job import EXIT_NEW_JOB, Ec2Job, JobAws, job_clock
 from training.launcher.group import GroupIdentity
 from training.launcher.host_checks import HostCheck
 from training.launcher.imds import ImdsClient, ImdsError
@@ -232,6 +232,12 @@ def run_ec2(
             efa_env=efa_env,
         )
 
+    aws = JobAws(
+        ec2=client("ec2", region=region),
+        autoscaling=client("autoscaling", region=region),
+        record=record,
+        asg_names=job_end.asg_names_from_env(os.environ),
+    )
     job = Ec2Job(
         spec,
         identity=identity,
@@ -239,10 +245,8 @@ def run_ec2(
         plan_for=plan_for,
         environ=environ,
         run_dir=run_dir,
-        ec2=client("ec2", region=region),
-        autoscaling=client("autoscaling", region=region),
-        record=record,
-        asg_names=job_end.asg_names_from_env(os.environ),
+        aws=aws,
+        clock=job_clock(spec, identity, aws, job_watch),
         job_watch=job_watch,
     )
     if args.dry_run:
