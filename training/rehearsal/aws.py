@@ -76,6 +76,8 @@ def subnet_cidr(octet: int | None = None) -> str:
 
 LIFECYCLE_HOOK = "hetero-checkpoint"
 DEFAULT_REGION = "us-east-1"
+RESET_TIMEOUT_S = 60.0
+"""How long the emulator waits for moto's reset (a loopback call to its own server)."""
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 JOB_RECORD_KEY = "job/outcome.json"
 """The launcher's job record, relative to the checkpoint URI."""
@@ -170,7 +172,9 @@ class AwsEmulator:
 
     def reset(self) -> None:
         req = urllib.request.Request(self.endpoint_url + "/moto-api/reset", method="POST")
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        # The reset rebuilds every backend of this process: on a loaded machine, after many
+        # earlier emulators in the same process, it took more than 10 s (a suite's setup error).
+        with urllib.request.urlopen(req, timeout=RESET_TIMEOUT_S) as resp:
             resp.read()
         self._clients.clear()
         self._terminated_at.clear()
